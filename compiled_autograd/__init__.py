@@ -1,0 +1,45 @@
+"""compiled_autograd: a numpy-backed autograd library whose backward can be compiled.
+
+The API mirrors torch: ``ca.tensor(..., requires_grad=True)``, ops on Tensors,
+``loss.backward()``, ``ca.autograd.grad``, ``ca.nn``. See docs/architecture.md.
+"""
+import numpy as _np
+
+import runtime as _runtime  # noqa: F401  (fills the prim table)
+from compiled_autograd.tensor import Tensor
+from compiled_autograd.factory import (arange, from_numpy, full, ones, ones_like, rand,
+                                       randint, randn, tensor, zeros, zeros_like)
+from compiled_autograd.tensor_methods import cat, maximum, minimum, stack, where
+from compiled_autograd.grad_mode import (enable_grad, is_grad_enabled, no_grad,
+                                         set_grad_enabled)
+from compiled_autograd.random import get_rng_state, manual_seed, set_rng_state
+from compiled_autograd import autograd, nn  # noqa: E402
+
+float32 = _np.float32
+float64 = _np.float64
+int64 = _np.int64
+bool_ = _np.bool_
+
+
+def _method(name):
+    def fn(input, *args, **kwargs):
+        return getattr(input, name)(*args, **kwargs)
+    fn.__name__ = name
+    fn.__doc__ = f"``ca.{name}(x, ...)`` is ``x.{name}(...)``."
+    return fn
+
+
+for _name in ("exp", "log", "sqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "neg",
+              "sum", "mean", "var", "std", "amax", "amin", "max", "min", "argmax", "softmax",
+              "log_softmax", "matmul", "reshape", "transpose", "permute", "flatten",
+              "squeeze", "unsqueeze", "clamp", "pow", "split", "chunk", "narrow", "select",
+              "clone", "t", "erf", "masked_fill"):
+    globals()[_name] = _method(_name)
+del _name
+
+__all__ = [
+    "Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like",
+    "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum",
+    "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed",
+    "get_rng_state", "set_rng_state", "autograd", "nn",
+]

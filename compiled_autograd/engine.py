@@ -1,0 +1,318 @@
+"""The eager autograd engine (torch's engine.cpp, single-threaded).
+
+1. Roots: each output's gradient edge and its initial gradient (checked up front).
+2. Dependencies: the number of edges into each node reachable from the roots.
+3. exec_info (only for ``autograd.grad`` and ``backward(inputs=...)``): which nodes
+   must run to reach the requested inputs; the inputs' gradients are *captured*.
+4. Before anything runs, every node that will run checks its saved variables (freed,
+   or modified in place): the listed errors leave the graph and ``.grad`` untouched.
+5. A ready queue ordered like torch's: AccumulateGrad first, then the most recently
+   created node. Input buffers sum the gradients arriving at a node. Saved values are
+   released right after their node runs unless ``retain_graph``.
+
+Gradients flow as ndarrays; under ``create_graph`` they are Tensors, so the same
+derivative formulas record a differentiable graph.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from compiled_autograd import hooks as _hooks
+from compiled_autograd.dispatch import gradient_edge
+from compiled_autograd.grad_mode import set_grad_enabled
+from compiled_autograd.node import AccumulateGrad, accumulate_into
+from runtime.prims import ops, sum_to
+
+
+def _shape_str(shape):
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _make_root_grads(tensors, grad_tensors, create_graph):
+    from compiled_autograd.tensor import Tensor
+    if grad_tensors is None:
+        grad_tensors = [None] * len(tensors)
+    if len(grad_tensors) != len(tensors):
+        raise RuntimeError(f"grad_tensors has {len(grad_tensors)} elements but there are "
+                           f"{len(tensors)} tensors")
+    roots = []
+    for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"element {i} of tensors is not a Tensor")
+        edge = gradient_edge(t)
+        if edge[0] is None:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not "
+                               "have a grad_fn")
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            g = np.ones(t.shape, dtype=t.dtype)
+            g = Tensor._make(g) if create_graph else g
+        else:
+            if not isinstance(g, Tensor):
+                g = Tensor._make(np.asarray(g, dtype=t.dtype))
+            if tuple(g.shape) != tuple(t.shape):
+                raise RuntimeError(
+                    f"Mismatch in shape: grad_output[{i}] has a shape of "
+                    f"{_shape_str(g.shape)} and output[{i}] has a shape of {_shape_str(t.shape)}.")
+            if g.dtype.kind not in "fc":
+                raise RuntimeError(f"For complex Tensors, both grad_output and output are "
+                                   f"required to have the same dtype. Mismatch in dtype: "
+                                   f"grad_output[{i}] has a dtype of {g.dtype} and output[{i}] "
+                                   f"has a dtype of {t.dtype}.")
+            g = g if create_graph else g._data
+        roots.append((edge, g))
+    return roots
+
+
+class GraphTask:
+    """One backward run: dependencies, exec_info, captures, buffers."""
+
+    def __init__(self, roots, keep_graph, create_graph):
+        self.keep_graph = keep_graph
+        self.create_graph = create_graph
+        self.dependencies = {}
+        self.nodes = []          # every reachable node, discovery order
+        self.exec_info = None    # node -> needed (only when inputs are given)
+        self.captures = {}       # (node, input_nr) -> capture index
+        self._discover([fn for (fn, _), _ in roots])
+
+    def _discover(self, root_fns):
+        deps, seen, stack = self.dependencies, set(), []
+        for fn in root_fns:
+            if fn not in seen:
+                seen.add(fn)
+                stack.append(fn)
+        while stack:
+            fn = stack.pop()
+            self.nodes.append(fn)
+            for nxt, _ in fn.next_functions:
+                if nxt is None:
+                    continue
+                deps[nxt] = deps.get(nxt, 0) + 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+
+    def restrict_to(self, input_edges, execute_leaf_inputs):
+        """Mark the nodes needed to reach ``input_edges``; capture at those edges."""
+        targets = {}
+        for i, (fn, nr) in enumerate(input_edges):
+            self.captures[(fn, nr)] = i
+            targets[fn] = targets.get(fn, False) or (
+                execute_leaf_inputs and isinstance(fn, AccumulateGrad))
+        # Post-order DFS: a node is needed if it is a target to execute or any
+        # child leads to a target (a child's answer is known before its parent's).
+        needed, expanded = {}, set()
+        stack = [(fn, False) for fn in self.nodes]
+        while stack:
+            fn, children_done = stack.pop()
+            if children_done:
+                needed[fn] = targets.get(fn, False) or any(
+                    nxt is not None and (needed[nxt] or nxt in targets)
+                    for nxt, _ in fn.next_functions)
+            elif fn not in expanded:
+                expanded.add(fn)
+                stack.append((fn, True))
+                stack.extend((nxt, False) for nxt, _ in fn.next_functions
+                             if nxt is not None and nxt not in expanded)
+        self.exec_info = needed
+        self._targets = targets
+
+    def should_flow(self, fn) -> bool:
+        """Does a gradient sent to ``fn`` matter (it runs or is captured)?"""
+        info = self.exec_info
+        return info is None or info.get(fn, False) or fn in self._targets
+
+    def needs_of(self, fn):
+        if self.exec_info is None:
+            return fn.static_needs()
+        return tuple(nxt is not None and self.should_flow(nxt) for nxt, _ in fn.next_functions)
+
+    def will_run(self, fn) -> bool:
+        return self.exec_info is None or self.exec_info.get(fn, False)
+
+
+def _validate(fn, grads):
+    """Reduce/complain about gradients whose shape or dtype does not match
+    (torch's validate_outputs), for gradients coming from user code."""
+    out = list(grads)
+    for i, ((nxt, nr), g) in enumerate(zip(fn.next_functions, grads)):
+        if nxt is None or g is None:
+            continue
+        shape, dtype = nxt.input_metadata[nr]
+        if tuple(g.shape) != tuple(shape):
+            try:
+                np.broadcast_shapes(tuple(shape), tuple(g.shape))
+                ok = len(g.shape) >= len(shape) and np.broadcast_shapes(
+                    tuple(shape), tuple(g.shape)) == tuple(g.shape)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise RuntimeError(
+                    f"Function {fn.name()} returned an invalid gradient at index {i} - got "
+                    f"{_shape_str(g.shape)} but expected shape compatible with {_shape_str(shape)}")
+            g = sum_to(g, tuple(shape))
+        if g.dtype != dtype:
+            g = ops.astype(g, dtype=dtype)
+        out[i] = g
+    return out
+
+
+def _call_function(task, fn, grads):
+    """Hooks around ``fn.apply`` in torch's order; returns the output gradients."""
+    if _hooks.has_hooks(fn):
+        grads = _hooks.run_pre_hooks(fn, grads, task.create_graph)
+    if isinstance(fn, AccumulateGrad):
+        if grads[0] is not None:
+            accumulate_into(fn.variable, grads[0])
+            _hooks.run_post_accumulate_grad_hooks(fn.variable)
+        return ()
+    if all(g is None for g in grads):
+        return (None,) * len(fn.next_functions)
+    grads = [g if g is not None else _zeros(fn, i, task.create_graph)
+             for i, g in enumerate(grads)]
+    outputs = fn.apply(grads, task.needs_of(fn))
+    if len(outputs) != len(fn.next_functions):
+        raise RuntimeError(f"function {fn.name()} returned an incorrect number of gradients "
+                           f"(expected {len(fn.next_functions)}, got {len(outputs)})")
+    if fn.__dict__.get("_post_hooks"):
+        outputs = _hooks.run_post_hooks(fn, outputs, grads, task.create_graph)
+    return outputs
+
+
+def _zeros(fn, i, create_graph):
+    from compiled_autograd.tensor import Tensor
+    shape, dtype = fn.input_metadata[i]
+    z = np.zeros(shape, dtype)
+    return Tensor._make(z) if create_graph else z
+
+
+def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
+    """Run a backward from ``roots`` [((node, input_nr), grad)]. With
+    ``input_edges``, returns the captured gradients at those edges."""
+    task = GraphTask(roots, keep_graph, create_graph)
+    if input_edges is not None:
+        task.restrict_to(input_edges, execute_leaf_inputs=accumulate)
+    # Validate before anything runs: the errors below change nothing.
+    for fn in task.nodes:
+        if task.will_run(fn):
+            fn.check_saved()
+    captured = [None] * (len(input_edges) if input_edges is not None else 0)
+    buffers = {}
+    for (fn, nr), g in roots:
+        buf = buffers.setdefault(fn, [None] * len(fn.input_metadata))
+        buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
+    ready = []
+    for fn in buffers:
+        if task.dependencies.get(fn, 0) == 0:
+            heapq.heappush(ready, (fn._priority, -fn._sequence_nr, fn))
+    deps = task.dependencies
+    with set_grad_enabled(create_graph):
+        while ready:
+            _, _, fn = heapq.heappop(ready)
+            grads = buffers.pop(fn)
+            if task.captures:
+                for nr, g in enumerate(grads):
+                    idx = task.captures.get((fn, nr))
+                    if idx is not None:
+                        captured[idx] = g
+            if not task.will_run(fn):
+                outputs = (None,) * len(fn.next_functions)
+            else:
+                outputs = _call_function(task, fn, grads)
+                if not keep_graph:
+                    fn.release_variables()
+                if outputs and _needs_validation(fn):
+                    outputs = _validate(fn, outputs)
+            for (nxt, nr), g in zip(fn.next_functions, outputs):
+                if nxt is None:
+                    continue
+                remaining = deps[nxt] - 1
+                deps[nxt] = remaining
+                if task.exec_info is not None and not task.should_flow(nxt):
+                    continue
+                buf = buffers.get(nxt)
+                if buf is None:
+                    buf = buffers[nxt] = [None] * len(nxt.input_metadata)
+                if g is not None:
+                    buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
+                if remaining == 0:
+                    heapq.heappush(ready, (nxt._priority, -nxt._sequence_nr, nxt))
+            # A node whose last dependency arrived without a buffer never runs, as in torch.
+    return captured
+
+
+def _needs_validation(fn) -> bool:
+    """Built-in derivative formulas produce exact shapes; user code may not."""
+    return getattr(fn, "user_code", False) or bool(fn.__dict__.get("_post_hooks"))
+
+
+def _edges_of(inputs, what):
+    from compiled_autograd.tensor import Tensor
+    edges = []
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{what} must be Tensors")
+        edge = gradient_edge(t)
+        if edge[0] is None:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+        edges.append(edge)
+    return edges
+
+
+def _as_list(x):
+    from compiled_autograd.tensor import Tensor
+    if x is None:
+        return None
+    return [x] if isinstance(x, Tensor) else list(x)
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
+             inputs=None):
+    """Accumulate gradients of ``tensors`` into the leaves' ``.grad`` (or only into
+    ``inputs``' when given)."""
+    tensors = _as_list(tensors)
+    grad_tensors = _as_list(grad_tensors)
+    if retain_graph is None:
+        retain_graph = create_graph
+    roots = _make_root_grads(tensors, grad_tensors, create_graph)
+    if inputs is None:
+        execute(roots, retain_graph, create_graph)
+        return
+    inputs = _as_list(inputs)
+    if not inputs:
+        raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+    edges = _edges_of(inputs, "inputs")
+    captured = execute(roots, retain_graph, create_graph, edges, accumulate=True)
+    # Non-leaf inputs: their gradient is accumulated into .grad like retain_grad.
+    for t, g in zip(inputs, captured):
+        if not t.is_leaf and g is not None:
+            accumulate_into(t, g)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+         allow_unused=False):
+    """Gradients of ``outputs`` w.r.t. ``inputs``; ``.grad`` is left untouched."""
+    from compiled_autograd.tensor import Tensor
+    outputs = _as_list(outputs)
+    inputs = _as_list(inputs)
+    grad_outputs = _as_list(grad_outputs)
+    if retain_graph is None:
+        retain_graph = create_graph
+    roots = _make_root_grads(outputs, grad_outputs, create_graph)
+    edges = _edges_of(inputs, "inputs")
+    captured = execute(roots, retain_graph, create_graph, edges, accumulate=False)
+    result = []
+    for t, g in zip(inputs, captured):
+        if g is None:
+            if not allow_unused:
+                raise RuntimeError("One of the differentiated Tensors appears to not have "
+                                   "been used in the graph. Set allow_unused=True if this is "
+                                   "the desired behavior.")
+            result.append(None)
+        else:
+            result.append(g if isinstance(g, Tensor) else Tensor._make(np.array(g, copy=True)))
+    return tuple(result)

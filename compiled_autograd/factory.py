@@ -1,0 +1,98 @@
+"""Tensor creation: ca.tensor, from_numpy, zeros, ones, full, arange, randn, rand."""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd import random as _random
+from compiled_autograd.tensor import Tensor
+
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def _dtype(dtype):
+    return None if dtype is None else np.dtype(dtype)
+
+
+def as_ndarray(data, dtype=None):
+    """A fresh C-contiguous array; floating data defaults to float32 (DESIGN.md)."""
+    if isinstance(data, Tensor):
+        data = data._data
+    arr = np.array(data, dtype=_dtype(dtype), order="C", copy=True)
+    if dtype is None and arr.dtype.kind == "f" and arr.dtype != DEFAULT_FLOAT:
+        arr = arr.astype(DEFAULT_FLOAT)
+    if dtype is None and arr.dtype.kind in "iu":
+        arr = arr.astype(np.int64, copy=False)
+    return arr
+
+
+def tensor(data, requires_grad=False, dtype=None) -> Tensor:
+    """A new leaf Tensor holding a copy of ``data`` (float32 unless ``dtype``)."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype)
+
+
+def from_numpy(a: np.ndarray) -> Tensor:
+    """A Tensor sharing ``a``'s memory and keeping its dtype (int64 indices, bool
+    masks). A non-C-contiguous array is copied (views need a C-ordered base)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
+    return Tensor._make(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+
+
+def _shape(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    return tuple(int(s) for s in size)
+
+
+def _new(arr, requires_grad):
+    t = Tensor._make(arr)
+    t.requires_grad = requires_grad
+    return t
+
+
+def zeros(*size, dtype=None, requires_grad=False) -> Tensor:
+    return _new(np.zeros(_shape(size), dtype=_dtype(dtype) or DEFAULT_FLOAT), requires_grad)
+
+
+def ones(*size, dtype=None, requires_grad=False) -> Tensor:
+    return _new(np.ones(_shape(size), dtype=_dtype(dtype) or DEFAULT_FLOAT), requires_grad)
+
+
+def full(size, fill_value, dtype=None, requires_grad=False) -> Tensor:
+    if dtype is None:
+        dtype = (np.bool_ if isinstance(fill_value, bool) else
+                 np.int64 if isinstance(fill_value, int) else DEFAULT_FLOAT)
+    return _new(np.full(_shape((size,)), fill_value, dtype=dtype), requires_grad)
+
+
+def zeros_like(t, dtype=None, requires_grad=False) -> Tensor:
+    return _new(np.zeros(t.shape, dtype=_dtype(dtype) or t.dtype), requires_grad)
+
+
+def ones_like(t, dtype=None, requires_grad=False) -> Tensor:
+    return _new(np.ones(t.shape, dtype=_dtype(dtype) or t.dtype), requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, requires_grad=False) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    ints = all(isinstance(v, int) for v in (start, end, step))
+    default = np.int64 if ints else DEFAULT_FLOAT
+    return _new(np.arange(start, end, step, dtype=_dtype(dtype) or default), requires_grad)
+
+
+def randn(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Standard normal samples from ca's seeded RNG."""
+    arr = _random.generator().standard_normal(_shape(size))
+    return _new(arr.astype(_dtype(dtype) or DEFAULT_FLOAT), requires_grad)
+
+
+def rand(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Uniform [0, 1) samples from ca's seeded RNG."""
+    arr = _random.generator().random(_shape(size))
+    return _new(arr.astype(_dtype(dtype) or DEFAULT_FLOAT), requires_grad)
+
+
+def randint(low, high, size, dtype=np.int64) -> Tensor:
+    return Tensor._make(_random.generator().integers(low, high, size=_shape((size,)))
+                        .astype(dtype))

@@ -1,0 +1,61 @@
+"""Grad mode: whether ops record autograd history (thread-local, as in torch)."""
+from __future__ import annotations
+
+import functools
+import threading
+
+_state = threading.local()
+
+
+def is_grad_enabled() -> bool:
+    return getattr(_state, "enabled", True)
+
+
+def _set(enabled: bool) -> None:
+    _state.enabled = enabled
+
+
+class _GradMode:
+    _enabled: bool
+
+    def __enter__(self):
+        self._prev = is_grad_enabled()
+        _set(self._enabled)
+        return self
+
+    def __exit__(self, *exc):
+        _set(self._prev)
+        return False
+
+    def __call__(self, fn):
+        """Use as a decorator."""
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with type(self)():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class no_grad(_GradMode):
+    """Context manager / decorator: ops inside record no autograd history."""
+    _enabled = False
+
+
+class enable_grad(_GradMode):
+    """Context manager / decorator: re-enable history recording (e.g. inside no_grad)."""
+    _enabled = True
+
+
+class set_grad_enabled(_GradMode):
+    """Context manager / function: set grad mode to ``mode``."""
+
+    def __init__(self, mode: bool):
+        self._enabled = bool(mode)
+        self._prev = is_grad_enabled()
+        _set(self._enabled)  # torch: takes effect on construction too
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, fn):
+        raise TypeError("set_grad_enabled cannot be used as a decorator without a mode")

@@ -1,0 +1,194 @@
+"""Backward hooks and the order in which the engine calls them.
+
+As in torch's engine (``call_function``), for a node about to run:
+tensor pre-hooks (registered with ``Tensor.register_hook``), then retain_grad, then
+node pre-hooks (``Node.register_prehook``), the node itself, then -- for a leaf's
+AccumulateGrad -- post-accumulate-grad hooks, then node post-hooks
+(``Node.register_hook``). Several hooks on one object run in registration order.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+_handle_ids = itertools.count()
+
+
+class RemovableHandle:
+    """Returned by every ``register_*hook``; ``.remove()`` unregisters the hook."""
+
+    def __init__(self, hooks_dict):
+        self.id = next(_handle_ids)
+        self._ref = weakref.ref(hooks_dict) if hooks_dict is not None else None
+
+    def remove(self):
+        d = self._ref() if self._ref is not None else None
+        if d is not None:
+            d.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class HookDict(dict):
+    """An ordered id -> hook mapping that a weakref can point to."""
+
+
+def _add(owner, attr, hook):
+    hooks = getattr(owner, attr)
+    if hooks is None:
+        hooks = HookDict()
+        setattr(owner, attr, hooks)
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def _node_hook_dict(node, attr, key=None):
+    d = node.__dict__.get(attr)
+    if d is None:
+        d = {} if key is not None else HookDict()
+        node.__dict__[attr] = d
+    if key is None:
+        return d
+    return d.setdefault(key, HookDict())
+
+
+def register_tensor_hook(tensor, hook):
+    if not tensor.requires_grad:
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    fn = tensor.grad_fn
+    if fn is None:  # leaf: AccumulateGrad reads the tensor's own hooks
+        return _add(tensor, "_backward_hooks", hook)
+    hooks = _node_hook_dict(fn, "_tensor_pre_hooks", tensor._output_nr)
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def register_post_accumulate_grad_hook(tensor, hook):
+    if not tensor.is_leaf:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+    if not tensor.requires_grad:
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    return _add(tensor, "_post_accumulate_grad_hooks", hook)
+
+
+def add_retain_grad(tensor):
+    fn = tensor.grad_fn
+    retained = _node_hook_dict(fn, "_retains_grad", tensor._output_nr)
+    retained[0] = weakref.ref(tensor)
+
+
+def register_node_prehook(node, hook):
+    hooks = _node_hook_dict(node, "_pre_hooks")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def register_node_hook(node, hook):
+    hooks = _node_hook_dict(node, "_post_hooks")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def has_hooks(node) -> bool:
+    """Whether the engine must run pre-hooks for this node (cheap check)."""
+    d = node.__dict__
+    if d.get("_tensor_pre_hooks") or d.get("_retains_grad") or d.get("_pre_hooks"):
+        return True
+    variable = d.get("variable")
+    return variable is not None and bool(variable._backward_hooks)
+
+
+# ---------------------------------------------------------------- running them
+
+
+def _hook_name(hook) -> str:
+    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
+
+
+def _wrap(g):
+    from compiled_autograd.tensor import Tensor
+    return g if g is None or isinstance(g, Tensor) else Tensor._make(g)
+
+
+def _unwrap(result, like, hook, create_graph):
+    """A hook's replacement gradient, checked against the one it replaces."""
+    from compiled_autograd.tensor import Tensor
+    if not isinstance(result, Tensor):
+        raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
+                        "expected a Tensor or None")
+    if like is not None and tuple(result.shape) != tuple(like.shape):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value: "
+                           f"expected {list(like.shape)}, got {list(result.shape)}")
+    return result if create_graph else result._data
+
+
+def run_pre_hooks(fn, grads, create_graph):
+    """Tensor pre-hooks, retain_grad, node pre-hooks (torch's order)."""
+    grads = list(grads)
+    d = fn.__dict__
+    per_output = dict(d.get("_tensor_pre_hooks") or {})
+    variable = getattr(fn, "variable", None)
+    if variable is not None and variable._backward_hooks:
+        per_output = {0: variable._backward_hooks}
+    for nr, hooks in per_output.items():
+        for hook in list(hooks.values()):
+            if grads[nr] is None:
+                continue
+            result = hook(_wrap(grads[nr]))
+            if result is not None:
+                grads[nr] = _unwrap(result, grads[nr], hook, create_graph)
+    for nr, refs in (d.get("_retains_grad") or {}).items():
+        for ref in refs.values():
+            t = ref()
+            if t is not None and grads[nr] is not None:
+                _retain(t, grads[nr])
+    pre = d.get("_pre_hooks")
+    if pre:
+        for hook in list(pre.values()):
+            result = hook(tuple(_wrap(g) for g in grads))
+            if result is not None:
+                if len(result) != len(grads):
+                    raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} "
+                                       f"values, expected {len(grads)}")
+                grads = [None if r is None else _unwrap(r, g, hook, create_graph)
+                         for r, g in zip(result, grads)]
+    return grads
+
+
+def _retain(t, g):
+    from compiled_autograd.tensor import Tensor
+    if isinstance(g, Tensor):
+        t.grad = g if t.grad is None else t.grad + g
+    elif t.grad is None:
+        t.grad = Tensor._make(g.copy())
+    else:
+        t.grad = Tensor._make(t.grad._data + g)
+
+
+def run_post_accumulate_grad_hooks(variable):
+    hooks = variable._post_accumulate_grad_hooks
+    if hooks:
+        for hook in list(hooks.values()):
+            hook(variable)
+
+
+def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph):
+    """Node post-hooks: ``hook(grad_inputs, grad_outputs)`` may replace grad_inputs."""
+    grad_inputs = list(grad_inputs)
+    for hook in list(fn.__dict__["_post_hooks"].values()):
+        result = hook(tuple(_wrap(g) for g in grad_inputs), tuple(_wrap(g) for g in grad_outputs))
+        if result is not None:
+            if len(result) != len(grad_inputs):
+                raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
+                                   f"expected {len(grad_inputs)}")
+            grad_inputs = [None if r is None else _unwrap(r, g, hook, create_graph)
+                           for r, g in zip(result, grad_inputs)]
+    return tuple(grad_inputs)

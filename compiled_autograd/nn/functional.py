@@ -1,0 +1,145 @@
+"""ca.nn.functional: the usual layers as functions of Tensors, built from prims."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiled_autograd import random as _random
+from compiled_autograd.tensor import Tensor
+from compiled_autograd.tensor_methods import _float
+from runtime.prims import norm_dim, ops
+
+
+def linear(input, weight, bias=None):
+    """``input @ weight.T + bias``."""
+    out = input.matmul(weight.t())
+    return out if bias is None else out + bias
+
+
+def relu(input, inplace=False):
+    return input.relu_() if inplace else ops.relu(input)
+
+
+def gelu(input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"approximate argument must be either none or tanh.")
+    return ops.gelu(_float(input), approximate=approximate)
+
+
+def tanh(input):
+    return input.tanh()
+
+
+def sigmoid(input):
+    return input.sigmoid()
+
+
+def softmax(input, dim):
+    return input.softmax(dim)
+
+
+def log_softmax(input, dim):
+    return input.log_softmax(dim)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    normalized_shape = ((normalized_shape,) if isinstance(normalized_shape, int)
+                        else tuple(normalized_shape))
+    k = len(normalized_shape)
+    if tuple(input.shape[input.ndim - k:]) != normalized_shape or input.ndim < k:
+        raise RuntimeError(
+            f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, normalized_shape))}], but got input of size"
+            f"{list(input.shape)}")
+    out = ops.layer_norm(_float(input), ndim=k, eps=float(eps))
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    """Zero each element with probability ``p`` (ca's seeded RNG), scale the rest
+    by 1/(1-p). The mask is a constant of the graph."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    keep = _random.generator().random(input.shape) >= p
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    mask = Tensor._make((keep * scale).astype(input.dtype))
+    return input.mul_(mask) if inplace else input * mask
+
+
+def embedding(input, weight):
+    """Rows of ``weight`` at the integer indices ``input``."""
+    return weight[input]
+
+
+def _reduce(loss, reduction):
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def cross_entropy(input, target, reduction="mean", ignore_index=-100):
+    """Log-softmax over dim 1 and the negative log-likelihood of integer targets."""
+    if not isinstance(target, Tensor):
+        target = Tensor._make(np.asarray(target, dtype=np.int64))
+    if target.dtype.kind not in "iu":
+        raise RuntimeError(f"expected scalar type Long but found {target.dtype.name}")
+    class_dim = 1 if input.ndim > 1 else 0
+    logp = input.log_softmax(class_dim)
+    tgt = target._data
+    valid = tgt != ignore_index
+    n_classes = input.shape[class_dim]
+    safe = np.where(valid, tgt, 0)
+    if safe.size and (safe.max() >= n_classes or safe.min() < 0):
+        raise IndexError(f"Target {int(safe.max() if safe.max() >= n_classes else safe.min())} "
+                         f"is out of bounds.")
+    idx = Tensor._make(np.expand_dims(safe, class_dim).astype(np.int64))
+    picked = ops.gather(logp, idx, dim=class_dim).squeeze(class_dim)
+    loss = -picked
+    if not valid.all():
+        loss = loss * Tensor._make(valid.astype(loss.dtype))
+        if reduction == "mean":
+            return loss.sum() * (1.0 / max(int(valid.sum()), 1))
+    return _reduce(loss, reduction)
+
+
+def nll_loss(input, target, reduction="mean"):
+    idx = Tensor._make(np.expand_dims(np.asarray(target._data, np.int64), 1))
+    return _reduce(-ops.gather(input, idx, dim=1).squeeze(1), reduction)
+
+
+def mse_loss(input, target, reduction="mean"):
+    diff = input - target
+    return _reduce(diff * diff, reduction)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v, as torch's reference implementation."""
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = query.matmul(key.transpose(-2, -1)) * scale
+    if is_causal:
+        causal = np.tril(np.ones((L, S), dtype=bool))
+        scores = scores.masked_fill(Tensor._make(~causal), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    attn = scores.softmax(-1)
+    if dropout_p > 0.0:
+        attn = dropout(attn, dropout_p, True)
+    return attn.matmul(value)
+
+

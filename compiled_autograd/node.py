@@ -1,0 +1,278 @@
+"""Autograd Nodes: the backward graph that a forward pass records.
+
+``Node`` is the base: ``next_functions`` (one edge ``(node, input_nr)`` per input of
+the forward op, None where no gradient flows), ``name()``, ``metadata``, and
+
+- ``apply(grads)``: the eager backward of the node;
+- ``compiled_args(args)``: collect everything the backward depends on (the cache key
+  of compiled autograd): node type, non-tensor attributes, saved-tensor metadata;
+- ``apply_with_saved(grads, saved)``: run the *same* derivative formula with each
+  saved value swapped for what ``saved.before`` gives (a proxy, when tracing).
+
+``PrimBackward`` is one class per differentiable prim (``MulBackward``, ...), made
+from the prim table, so a derivative is written once, in prims, and serves both
+``apply`` and ``apply_with_saved``.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import numpy as np
+
+from runtime.prims import PRIMS, VJPContext
+
+_sequence = itertools.count()
+
+
+class Node:
+    """Base of every autograd node."""
+
+    # AccumulateGrad runs as soon as it is ready (torch gives it the top priority).
+    _priority = 1
+
+    def __init__(self, next_functions, input_metadata):
+        self.next_functions = tuple(next_functions)
+        # (shape, dtype) of each gradient this node receives (= forward outputs).
+        self.input_metadata = tuple(input_metadata)
+        self._sequence_nr = next(_sequence)
+        self._metadata = None
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def metadata(self) -> dict:
+        if self._metadata is None:
+            self._metadata = {}
+        return self._metadata
+
+    def register_prehook(self, fn):
+        """``fn(grad_outputs) -> new grad_outputs or None`` before the node runs."""
+        from compiled_autograd.hooks import register_node_prehook
+        return register_node_prehook(self, fn)
+
+    def register_hook(self, fn):
+        """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None`` after it runs."""
+        from compiled_autograd.hooks import register_node_hook
+        return register_node_hook(self, fn)
+
+    def saved_variables(self):
+        """The SavedVariables this node holds (for checks and release)."""
+        return ()
+
+    def check_saved(self) -> None:
+        for sv in self.saved_variables():
+            sv.check(self.name())
+
+    def release_variables(self) -> None:
+        for sv in self.saved_variables():
+            sv.release()
+
+    def static_needs(self):
+        return tuple(fn is not None for fn, _ in self.next_functions)
+
+    def apply(self, grads, needs=None):
+        raise NotImplementedError(f"{self.name()}.apply")
+
+    def compiled_args(self, args) -> None:
+        raise NotImplementedError(f"{self.name()}.compiled_args")
+
+    def apply_with_saved(self, grads, saved):
+        raise NotImplementedError(f"{self.name()}.apply_with_saved")
+
+    def __repr__(self):
+        return f"<{self.name()} object at {id(self):#x}>"
+
+
+class PrimBackward(Node):
+    """The backward of one prim call. Subclassed once per prim (see node_class)."""
+
+    prim = None  # set on each subclass
+
+    def __init__(self, next_functions, input_metadata, saved, params, shapes, dtypes):
+        super().__init__(next_functions, input_metadata)
+        # saved: one entry per save-spec item: a SavedVariable, a Python scalar,
+        # None (not needed), or a tuple of SavedVariables (the "tail" item).
+        self.saved = saved
+        self.params = params
+        self.shapes = shapes
+        self.dtypes = dtypes
+
+    def saved_variables(self):
+        for item in self.saved:
+            if isinstance(item, tuple):
+                yield from item
+            elif hasattr(item, "unpack_array"):
+                yield item
+
+    def _unpack(self, as_tensor):
+        name = self.name()
+        out = []
+        for item in self.saved:
+            if isinstance(item, tuple):
+                out.append(tuple(sv.unpack(self) if as_tensor else sv.unpack_array(name)
+                                 for sv in item))
+            elif hasattr(item, "unpack_array"):
+                out.append(item.unpack(self) if as_tensor else item.unpack_array(name))
+            else:
+                out.append(item)
+        return tuple(out)
+
+    def run_formula(self, grads, needs, saved_values):
+        ctx = VJPContext(saved_values, self.params, self.shapes, self.dtypes, needs)
+        return self.prim.vjp(ctx, grads[0])
+
+    def apply(self, grads, needs=None):
+        g = grads[0]
+        as_tensor = type(g) is not np.ndarray
+        if needs is None:
+            needs = self.static_needs()
+        return self.run_formula(grads, needs, self._unpack(as_tensor))
+
+    def compiled_args(self, args) -> None:
+        args.collect(type(self))
+        args.collect(tuple(sorted(self.params.items(), key=lambda kv: kv[0])))
+        args.collect_sizes(self.shapes)
+        args.collect(self.dtypes)
+        for item in self.saved:
+            if isinstance(item, tuple):
+                for sv in item:
+                    args.collect_saved(sv)
+            elif hasattr(item, "unpack_array"):
+                args.collect_saved(item)
+            else:
+                args.collect(item)
+
+    def apply_with_saved(self, grads, saved):
+        values = []
+        for item in self.saved:
+            if isinstance(item, tuple):
+                values.append(tuple(saved.before(sv) for sv in item))
+            elif hasattr(item, "unpack_array"):
+                values.append(saved.before(item))
+            else:
+                values.append(item)
+        try:
+            return self.run_formula(grads, saved.needs(self), tuple(values))
+        finally:
+            for item in self.saved:
+                for sv in (item if isinstance(item, tuple) else (item,)):
+                    if hasattr(sv, "unpack_array"):
+                        saved.after(sv)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+NODE_CLASSES: dict[str, type] = {}
+
+
+def node_class(prim) -> type:
+    """The Node subclass for a prim, e.g. ``MulBackward`` for ``mul``."""
+    cls = NODE_CLASSES.get(prim.name)
+    if cls is None:
+        cls = type(f"{_camel(prim.name)}Backward", (PrimBackward,),
+                   {"prim": prim, "__module__": __name__,
+                    "__doc__": f"Backward of the prim ``{prim.name}``."})
+        NODE_CLASSES[prim.name] = cls
+    return cls
+
+
+for _p in PRIMS.values():
+    if _p.differentiable:
+        node_class(_p)
+
+
+class AccumulateGrad(Node):
+    """Sink of a leaf tensor: adds the incoming gradient into ``variable.grad``."""
+
+    _priority = 0
+
+    def __init__(self, variable):
+        super().__init__((), ((variable.shape, variable.dtype),))
+        self.variable = variable
+
+    def apply(self, grads, needs=None):
+        accumulate_into(self.variable, grads[0])
+        return ()
+
+    def compiled_args(self, args) -> None:
+        args.collect(type(self))
+        args.collect_sizes((self.variable.shape,))
+        args.collect(self.variable.dtype)
+
+    def apply_with_saved(self, grads, saved):
+        saved.accumulate_grad(self.variable, grads[0])
+        return ()
+
+
+def accumulate_into(variable, g) -> None:
+    """torch's AccumulateGrad: the first gradient is stored (a copy, since arrays
+    flowing through the backward may be shared views); later ones are added in
+    place, so ``.grad`` stays the same object. Under create_graph (Tensor
+    gradients) accumulation is out of place and differentiable."""
+    from compiled_autograd.tensor import Tensor
+    if isinstance(g, Tensor):
+        variable.grad = g if variable.grad is None else variable.grad + g
+        return
+    if variable.grad is None:
+        variable.grad = Tensor._make(np.array(g, dtype=variable.dtype, order="C", copy=True))
+    elif variable.grad.requires_grad:
+        variable.grad = Tensor._make(np.add(variable.grad._data, g))
+    else:
+        np.add(variable.grad._data, g, out=variable.grad._data, casting="same_kind")
+        variable.grad._version_counter.value += 1
+
+
+def grad_accumulator(tensor) -> AccumulateGrad:
+    """The (cached, weakly held) AccumulateGrad node of a leaf that requires grad."""
+    ref = tensor._grad_acc_ref
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(tensor)
+        tensor._grad_acc_ref = weakref.ref(acc)
+    return acc
+
+
+class CopySlices(Node):
+    """An in-place op on a view, seen from the base (torch's CopySlices; see the
+    note "View + Inplace update for base tensor"). ``fn`` is the in-place op's
+    node; the view is recovered from the base's gradient by its geometry
+    (as_strided), and the gradient of the view's old value is written back."""
+
+    def __init__(self, base_edge, base_meta, geometry, fn):
+        super().__init__((base_edge,) + fn.next_functions[1:], (base_meta,))
+        self.geometry = geometry  # dict(shape=, strides=, offset=) in base elements
+        self.fn = fn
+
+    def saved_variables(self):
+        return self.fn.saved_variables()
+
+    def _run(self, g, needs, call_fn):
+        from runtime.prims import ops
+        view_grad = ops.as_strided(g, **self.geometry)
+        # The view's old value needs a gradient exactly when the base's old value
+        # does, whatever fn's own edge says (the note's exec_info point).
+        fn_needs = (needs[0],) + tuple(needs[1:])
+        res = call_fn(view_grad, fn_needs)
+        grad_base = None
+        if needs[0]:
+            src = res[0] if res[0] is not None else ops.full_like(view_grad, value=0)
+            grad_base = ops.as_strided_scatter(g, src, **self.geometry)
+        return (grad_base,) + tuple(res[1:])
+
+    def apply(self, grads, needs=None):
+        if needs is None:
+            needs = self.static_needs()
+        return self._run(grads[0], needs, lambda vg, n: self.fn.apply([vg], n))
+
+    def compiled_args(self, args) -> None:
+        args.collect(type(self))
+        args.collect(tuple(sorted(self.geometry.items())))
+        self.fn.compiled_args(args)
+
+    def apply_with_saved(self, grads, saved):
+        return self._run(grads[0], saved.needs(self),
+                         lambda vg, n: self.fn.apply_with_saved([vg], saved.with_needs(n)))

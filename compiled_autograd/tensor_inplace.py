@@ -1,0 +1,183 @@
+"""Indexing (``x[key]``, ``x[key] = v``) and in-place ops (``add_``, ``mul_``, ...).
+
+Indexing follows torch: ints, slices, None and Ellipsis are views (select, slice,
+unsqueeze), applied first; then integer/boolean index arrays gather through the
+``index`` prim (a boolean mask becomes integer indices, as in torch). In-place ops
+run the prim out of place, write into the storage and rebase history
+(``dispatch.apply_inplace``); on a view that is torch's CopySlices.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd.dispatch import apply_inplace
+from compiled_autograd.tensor import Tensor
+from compiled_autograd.tensor_methods import _as_tensor, _promote, _scalar, _select
+from runtime.prims import PRIMS, ops
+
+
+def _is_index_array(k):
+    return isinstance(k, (Tensor, np.ndarray, list))
+
+
+def _normalize_key(self, key):
+    if not isinstance(key, tuple):
+        key = (key,)
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis and not (
+        isinstance(k, (Tensor, np.ndarray)) and np.asarray(
+            k._data if isinstance(k, Tensor) else k).dtype == bool)) + sum(
+        np.asarray(k._data if isinstance(k, Tensor) else k).ndim for k in key
+        if isinstance(k, (Tensor, np.ndarray)) and np.asarray(
+            k._data if isinstance(k, Tensor) else k).dtype == bool)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if consumed > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    if Ellipsis in [k for k in key if not _is_index_array(k)]:
+        i = next(i for i, k in enumerate(key) if k is Ellipsis and not _is_index_array(k))
+        key = key[:i] + (slice(None),) * (self.ndim - consumed) + key[i + 1:]
+    return key
+
+
+def _getitem(self, key):
+    key = _normalize_key(self, key)
+    out, dim, advanced = self, 0, []
+    for k in key:
+        if k is None:
+            out = out.unsqueeze(dim)
+            dim += 1
+        elif isinstance(k, slice):
+            n = out.shape[dim]
+            start, stop, step = k.indices(n)
+            if step <= 0:
+                raise ValueError("step must be greater than zero")
+            stop = max(stop, start)
+            if (start, stop, step) != (0, n, 1):
+                out = ops.slice(out, dim=dim, start=start, stop=stop, step=step)
+            dim += 1
+        elif _is_index_array(k):
+            arr = np.asarray(k._data if isinstance(k, Tensor) else k)
+            if arr.dtype == bool:
+                if arr.shape != out.shape[dim:dim + arr.ndim]:
+                    raise IndexError(f"The shape of the mask {list(arr.shape)} at index {dim} "
+                                     f"does not match the shape of the indexed tensor "
+                                     f"{list(out.shape[dim:dim + arr.ndim])}")
+                for part in np.nonzero(arr):
+                    advanced.append((dim, part.astype(np.int64)))
+                    dim += 1
+            else:
+                if arr.dtype.kind not in "iu":
+                    raise IndexError("tensors used as indices must be long, int, byte or bool "
+                                     "tensors")
+                n = out.shape[dim]
+                if arr.size and (arr.max() >= n or arr.min() < -n):
+                    bad = arr.max() if arr.max() >= n else arr.min()
+                    raise IndexError(f"index {bad} is out of bounds for dimension {dim} "
+                                     f"with size {n}")
+                advanced.append((dim, np.where(arr < 0, arr + n, arr).astype(np.int64)))
+                dim += 1
+        elif isinstance(k, (int, np.integer)):
+            out = _select(out, dim, int(k))
+        else:
+            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or "
+                             f"byte Variables are valid indices (got {type(k).__name__})")
+    if not advanced:
+        return out
+    pattern = [None] * (advanced[-1][0] + 1)
+    indices = []
+    for pos, (d, arr) in enumerate(advanced):
+        pattern[d] = pos
+        indices.append(Tensor._make(arr))
+    return ops.index(out, *indices, pattern=tuple(pattern))
+
+
+def _setitem(self, key, value):
+    key_t = key if isinstance(key, tuple) else (key,)
+    value = _as_tensor(value)
+    if len(key_t) == 1 and isinstance(key_t[0], Tensor) and key_t[0].dtype == bool \
+            and tuple(key_t[0].shape) == self.shape:
+        # x[mask] = v is masked_fill_ (v a scalar or broadcastable)
+        _inplace("masked_fill", self, key_t[0], value)
+        return
+    if any(_is_index_array(k) for k in key_t):
+        raise RuntimeError("assignment through integer-array indices is not supported; use "
+                           "x[mask] = value with a boolean mask, masked_fill or where")
+    _inplace("masked_fill", _getitem(self, key), True, value)
+
+
+Tensor.__getitem__ = _getitem
+Tensor.__setitem__ = _setitem
+
+# ---------------------------------------------------------------- in-place ops
+
+
+def _inplace(name, target, *args, **params):
+    if isinstance(target, Tensor) and args and isinstance(args[-1], Tensor) and \
+            name != "masked_fill":
+        target_, other = _promote(target, args[-1])
+        args = args[:-1] + (other if isinstance(other, Tensor) else other,)
+    return apply_inplace(PRIMS[name], (target,) + tuple(args), params)
+
+
+def _check_float_target(target, other):
+    if isinstance(other, float) and target.dtype.kind not in "fc":
+        raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                           f"{target.dtype.name}")
+
+
+def _add_(self, other, alpha=1):
+    other = _as_tensor(other)
+    _check_float_target(self, other)
+    if alpha != 1:
+        other = other * alpha
+    return _inplace("add", self, other)
+
+
+def _sub_(self, other, alpha=1):
+    other = _as_tensor(other)
+    _check_float_target(self, other)
+    if alpha != 1:
+        other = other * alpha
+    return _inplace("sub", self, other)
+
+
+def _mul_(self, other):
+    other = _as_tensor(other)
+    _check_float_target(self, other)
+    return _inplace("mul", self, other)
+
+
+def _div_(self, other):
+    other = _as_tensor(other)
+    if self.dtype.kind not in "fc":
+        raise RuntimeError(f"result type Float can't be cast to the desired output type "
+                           f"{self.dtype.name}")
+    return _inplace("div", self, other)
+
+
+def _fill_(self, value):
+    return apply_inplace(PRIMS["masked_fill"], (self, True, _scalar(_as_tensor(value))), {})
+
+
+def _copy_(self, src):
+    src = _as_tensor(src)
+    if isinstance(src, Tensor) and src.dtype != self.dtype:
+        src = src.to(self.dtype)
+    return apply_inplace(PRIMS["masked_fill"], (self, True, src), {})
+
+
+def _clamp_(self, min=None, max=None):
+    return apply_inplace(PRIMS["clamp"], (self,), dict(min=_scalar(min), max=_scalar(max)))
+
+
+Tensor.add_ = Tensor.__iadd__ = _add_
+Tensor.sub_ = Tensor.__isub__ = _sub_
+Tensor.mul_ = Tensor.__imul__ = _mul_
+Tensor.div_ = Tensor.__itruediv__ = _div_
+Tensor.fill_ = _fill_
+Tensor.zero_ = lambda self: _fill_(self, 0)
+Tensor.copy_ = _copy_
+Tensor.relu_ = lambda self: apply_inplace(PRIMS["relu"], (self,), {})
+Tensor.clamp_ = _clamp_
+Tensor.masked_fill_ = lambda self, mask, value: apply_inplace(
+    PRIMS["masked_fill"], (self, mask, _as_tensor(value)), {})

@@ -1,0 +1,478 @@
+"""The public op surface: Tensor methods and the module functions ``ca.cat``,
+``ca.where``, ... Every op is a prim call or a short composition of prim calls; no op
+has a derivative of its own here (the prims carry them)."""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from compiled_autograd.dispatch import apply_inplace
+from compiled_autograd.tensor import Tensor
+from runtime.prims import PRIMS, norm_dim, ops
+
+DEFAULT_FLOAT = np.dtype(np.float32)
+_FLOAT_KINDS = "fc"
+
+
+def _scalar(x):
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def _as_tensor(x):
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return Tensor._make(np.asarray(x))
+    return _scalar(x)
+
+
+def _to(t, dtype):
+    return t if t.dtype == dtype else ops.astype(t, dtype=np.dtype(dtype))
+
+
+def _float(t):
+    """torch promotes integer inputs of float ops to the default float dtype."""
+    return t if t.dtype.kind in _FLOAT_KINDS else _to(t, DEFAULT_FLOAT)
+
+
+def _promote(a, b):
+    """torch's rule where numpy's differs: an integer Tensor meeting a float
+    (Tensor or Python float) becomes float, of the float Tensor's dtype or float32."""
+    a, b = _as_tensor(a), _as_tensor(b)
+    ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+    if ta and tb:
+        if a.dtype == b.dtype:
+            return a, b
+        fa, fb = a.dtype.kind in _FLOAT_KINDS, b.dtype.kind in _FLOAT_KINDS
+        if fa and not fb:
+            return a, _to(b, a.dtype)
+        if fb and not fa:
+            return _to(a, b.dtype), b
+        return a, b
+    t, s = (a, b) if ta else (b, a)
+    if isinstance(s, float) and t.dtype.kind not in _FLOAT_KINDS:
+        t = _to(t, DEFAULT_FLOAT)
+        return (t, s) if ta else (s, t)
+    return a, b
+
+
+def _binary(name):
+    p = PRIMS[name]
+
+    def op(self, other):
+        a, b = _promote(self, other)
+        return p(a, b)
+
+    def rop(self, other):
+        a, b = _promote(other, self)
+        return p(a, b)
+    return op, rop
+
+
+def _unary_float(name):
+    p = PRIMS[name]
+
+    def op(self):
+        return p(_float(self))
+    op.__name__ = name
+    return op
+
+
+# ---------------------------------------------------------------- arithmetic
+
+Tensor.__add__, Tensor.__radd__ = _binary("add")
+Tensor.__sub__, Tensor.__rsub__ = _binary("sub")
+Tensor.__mul__, Tensor.__rmul__ = _binary("mul")
+Tensor.__pow__, Tensor.__rpow__ = _binary("pow")
+Tensor.add, Tensor.sub, Tensor.mul, Tensor.pow = (Tensor.__add__, Tensor.__sub__,
+                                                  Tensor.__mul__, Tensor.__pow__)
+Tensor.maximum, _ = _binary("maximum")
+Tensor.minimum, _ = _binary("minimum")
+
+
+def _div(a, b):
+    a, b = _promote(a, b)
+    if isinstance(a, Tensor) and a.dtype.kind not in _FLOAT_KINDS:
+        a = _to(a, DEFAULT_FLOAT)  # true division of integers is float, as in torch
+    if isinstance(b, Tensor) and b.dtype.kind not in _FLOAT_KINDS:
+        b = _to(b, DEFAULT_FLOAT)
+    return ops.div(a, b)
+
+
+Tensor.__truediv__ = Tensor.div = _div
+Tensor.__rtruediv__ = lambda self, other: _div(other, self)
+Tensor.__neg__ = Tensor.neg = lambda self: ops.neg(self)
+Tensor.__abs__ = Tensor.abs = lambda self: ops.abs(self)
+Tensor.__pos__ = lambda self: self
+for _name in ("exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "erf"):
+    setattr(Tensor, _name, _unary_float(_name))
+Tensor.relu = lambda self: ops.relu(self)
+Tensor.sign = lambda self: ops.sign(self)
+Tensor.gelu = lambda self, approximate="none": ops.gelu(_float(self), approximate=approximate)
+
+
+def _matmul(a, b):
+    a, b = _promote(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise RuntimeError("both arguments to matmul need to be at least 1D, but they are "
+                           f"{a.ndim}D and {b.ndim}D")
+    squeeze = []
+    if a.ndim == 1:
+        a, squeeze = a.reshape(1, a.shape[0]), squeeze + [-2]
+    if b.ndim == 1:
+        b, squeeze = b.reshape(b.shape[0], 1), squeeze + [-1]
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                           f"({a.shape[-2]}x{a.shape[-1]} and {b.shape[-2]}x{b.shape[-1]})")
+    out = ops.matmul(a, b)
+    if squeeze:
+        shape = list(out.shape)
+        for d in sorted(squeeze):
+            shape[d] = None
+        out = out.reshape(*[s for s in shape if s is not None])
+    return out
+
+
+Tensor.__matmul__ = Tensor.matmul = _matmul
+Tensor.__rmatmul__ = lambda self, other: _matmul(other, self)
+
+
+def _clamp(self, min=None, max=None):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    return ops.clamp(self, min=_scalar(min), max=_scalar(max))
+
+
+Tensor.clamp = _clamp
+Tensor.clip = _clamp
+
+# ---------------------------------------------------------------- comparisons (no grad)
+
+Tensor.__gt__ = lambda self, o: ops.gt(*_promote(self, o))
+Tensor.__ge__ = lambda self, o: ops.ge(*_promote(self, o))
+Tensor.__lt__ = lambda self, o: ops.gt(*_promote(o, self))
+Tensor.__le__ = lambda self, o: ops.ge(*_promote(o, self))
+Tensor.__eq__ = Tensor.eq = lambda self, o: ops.eq(*_promote(self, o))
+Tensor.__ne__ = Tensor.ne = lambda self, o: ~ops.eq(*_promote(self, o))
+Tensor.__hash__ = object.__hash__
+
+
+def _logical(fn):
+    def op(self, other=None):
+        other = other._data if isinstance(other, Tensor) else other
+        return Tensor._make(np.asarray(fn(self._data) if other is None else fn(self._data, other)))
+    return op
+
+
+# Boolean mask algebra is forward-only (it never carries a gradient).
+Tensor.__invert__ = _logical(np.invert)
+Tensor.__and__ = Tensor.logical_and = _logical(np.logical_and)
+Tensor.__or__ = Tensor.logical_or = _logical(np.logical_or)
+Tensor.logical_not = _logical(np.logical_not)
+
+# ---------------------------------------------------------------- dtype
+
+
+def _to_dtype(self, dtype=None, copy=False):
+    if dtype is None:
+        return self
+    return ops.astype(self, dtype=np.dtype(dtype)) if (copy or self.dtype != dtype) else self
+
+
+Tensor.to = _to_dtype
+Tensor.float = lambda self: _to_dtype(self, np.float32)
+Tensor.double = lambda self: _to_dtype(self, np.float64)
+Tensor.long = lambda self: _to_dtype(self, np.int64)
+Tensor.bool = lambda self: _to_dtype(self, np.bool_)
+Tensor.is_floating_point = lambda self: self.dtype.kind == "f"
+
+# ---------------------------------------------------------------- reductions
+
+
+def _dims(self, dim):
+    if dim is None:
+        return tuple(range(self.ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(sorted(norm_dim(d, self.ndim) for d in dim))
+
+
+def _count(self, dims):
+    return int(np.prod([self.shape[d] for d in dims], dtype=np.int64))
+
+
+def _sum(self, dim=None, keepdim=False):
+    return ops.sum(self, dims=_dims(self, dim), keepdim=keepdim)
+
+
+def _mean(self, dim=None, keepdim=False):
+    if self.dtype.kind not in _FLOAT_KINDS:
+        raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either "
+                           f"a floating point or complex dtype. Got: {self.dtype.name}")
+    dims = _dims(self, dim)
+    n = _count(self, dims)
+    return ops.mul(ops.sum(self, dims=dims, keepdim=keepdim), 1.0 / n if n else float("nan"))
+
+
+def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    dims = _dims(self, dim)
+    centered = self - _mean(self, dims, keepdim=True)
+    denom = max(_count(self, dims) - correction, 0)
+    total = ops.sum(centered * centered, dims=dims, keepdim=keepdim)
+    return ops.mul(total, 1.0 / denom if denom else float("inf"))
+
+
+Tensor.sum = _sum
+Tensor.mean = _mean
+Tensor.var = _var
+Tensor.std = lambda self, dim=None, unbiased=None, keepdim=False, correction=None: \
+    _var(self, dim, unbiased, keepdim, correction).sqrt()
+Tensor.amax = lambda self, dim=None, keepdim=False: ops.amax(self, dims=_dims(self, dim),
+                                                             keepdim=keepdim)
+Tensor.amin = lambda self, dim=None, keepdim=False: -ops.amax(-self, dims=_dims(self, dim),
+                                                               keepdim=keepdim)
+MinMax = namedtuple("MinMax", ["values", "indices"])
+
+
+def _argmax(self, dim=None, keepdim=False):
+    dim = None if dim is None else norm_dim(dim, self.ndim)
+    return Tensor._make(ops.argmax(self._data, dim=dim, keepdim=keepdim))
+
+
+def _max(self, dim=None, keepdim=False):
+    """Without dim: the maximum (gradient shared among ties, as torch). With dim:
+    (values, indices); the gradient goes to the index, as torch's max(dim)."""
+    if isinstance(dim, Tensor):
+        return ops.maximum(*_promote(self, dim))
+    if dim is None:
+        return ops.amax(self, dims=_dims(self, None), keepdim=False)
+    d = norm_dim(dim, self.ndim)
+    idx = Tensor._make(ops.argmax(self._data, dim=d, keepdim=True))
+    values = ops.gather(self, idx, dim=d)
+    if not keepdim:
+        values, idx = values.squeeze(d), idx.squeeze(d)
+    return MinMax(values, idx)
+
+
+def _min(self, dim=None, keepdim=False):
+    if isinstance(dim, Tensor):
+        return ops.minimum(*_promote(self, dim))
+    if dim is None:
+        return -ops.amax(-self, dims=_dims(self, None), keepdim=False)
+    d = norm_dim(dim, self.ndim)
+    idx = Tensor._make(ops.argmax(-self._data, dim=d, keepdim=True))
+    values = ops.gather(self, idx, dim=d)
+    if not keepdim:
+        values, idx = values.squeeze(d), idx.squeeze(d)
+    return MinMax(values, idx)
+
+
+Tensor.argmax = _argmax
+Tensor.max = _max
+Tensor.min = _min
+Tensor.softmax = lambda self, dim: ops.softmax(_float(self), dim=norm_dim(dim, self.ndim))
+Tensor.log_softmax = lambda self, dim: ops.log_softmax(_float(self),
+                                                       dim=norm_dim(dim, self.ndim))
+
+# ---------------------------------------------------------------- shape and views
+
+
+def _shape_args(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _infer_shape(self, shape):
+    shape = list(shape)
+    numel = self.numel()
+    if shape.count(-1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+        shape[shape.index(-1)] = numel // known
+    if int(np.prod(shape, dtype=np.int64)) != numel:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+def _reshape(self, *shape):
+    shape = _infer_shape(self, _shape_args(shape))
+    return self if shape == self.shape else ops.reshape(self, shape=shape)
+
+
+def _view(self, *shape):
+    shape = _infer_shape(self, _shape_args(shape))
+    try:
+        np.reshape(self._data, shape, copy=False)
+    except ValueError:
+        raise RuntimeError("view size is not compatible with input tensor's size and stride "
+                           "(at least one dimension spans across two contiguous subspaces). "
+                           "Use .reshape(...) instead.") from None
+    return ops.reshape(self, shape=shape)
+
+
+def _permute(self, *dims):
+    dims = tuple(norm_dim(d, self.ndim) for d in _shape_args(dims))
+    if sorted(dims) != list(range(self.ndim)):
+        raise RuntimeError("permute(sparse_coo): number of dimensions in the tensor input does "
+                           "not match the length of the desired ordering of dimensions i.e. "
+                           f"input.dim() = {self.ndim} is not equal to len(dims) = {len(dims)}")
+    return ops.permute(self, perm=dims)
+
+
+def _transpose(self, dim0, dim1):
+    perm = list(range(self.ndim))
+    d0, d1 = norm_dim(dim0, self.ndim), norm_dim(dim1, self.ndim)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return ops.permute(self, perm=tuple(perm))
+
+
+def _t(self):
+    if self.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
+    return _transpose(self, 0, 1) if self.ndim == 2 else self
+
+
+def _expand(self, *sizes):
+    sizes = _shape_args(sizes)
+    lead = len(sizes) - self.ndim
+    if lead < 0:
+        raise RuntimeError(f"expand: the number of sizes provided ({len(sizes)}) must be "
+                           f"greater or equal to the number of dimensions in the tensor "
+                           f"({self.ndim})")
+    shape = tuple(self.shape[i - lead] if s == -1 else s for i, s in enumerate(sizes))
+    for i, n in enumerate(self.shape):
+        if n != 1 and n != shape[i + lead]:
+            raise RuntimeError(f"The expanded size of the tensor ({shape[i + lead]}) must match "
+                               f"the existing size ({n}) at non-singleton dimension {i + lead}."
+                               f"  Target sizes: {list(sizes)}.  Tensor sizes: {list(self.shape)}")
+    return self if shape == self.shape else ops.expand(self, shape=shape)
+
+
+def _unsqueeze(self, dim):
+    d = norm_dim(dim, self.ndim + 1)
+    return ops.reshape(self, shape=self.shape[:d] + (1,) + self.shape[d:])
+
+
+def _squeeze(self, dim=None):
+    if dim is None:
+        shape = tuple(n for n in self.shape if n != 1)
+    else:
+        dims = _dims(self, dim)
+        shape = tuple(n for i, n in enumerate(self.shape) if not (i in dims and n == 1))
+    return self if shape == self.shape else ops.reshape(self, shape=shape)
+
+
+def _flatten(self, start_dim=0, end_dim=-1):
+    if self.ndim == 0:
+        return ops.reshape(self, shape=(1,))
+    s, e = norm_dim(start_dim, self.ndim), norm_dim(end_dim, self.ndim)
+    shape = self.shape[:s] + (int(np.prod(self.shape[s:e + 1], dtype=np.int64)),) + self.shape[e + 1:]
+    return self if shape == self.shape else _reshape(self, *shape)
+
+
+Tensor.reshape = _reshape
+Tensor.view = _view
+Tensor.permute = _permute
+Tensor.transpose = _transpose
+Tensor.t = _t
+Tensor.T = property(lambda self: ops.permute(self, perm=tuple(reversed(range(self.ndim)))))
+Tensor.mT = property(lambda self: _transpose(self, -2, -1))
+Tensor.expand = _expand
+Tensor.expand_as = lambda self, other: _expand(self, *other.shape)
+Tensor.unsqueeze = _unsqueeze
+Tensor.squeeze = _squeeze
+Tensor.flatten = _flatten
+Tensor.contiguous = lambda self: self if self._data.flags.c_contiguous else ops.copy(self)
+Tensor.clone = lambda self: ops.copy(self)
+
+
+def _narrow(self, dim, start, length):
+    d = norm_dim(dim, self.ndim)
+    n = self.shape[d]
+    start = start + n if start < 0 else start
+    if not (0 <= start <= n and 0 <= length and start + length <= n):
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({n}).")
+    return ops.slice(self, dim=d, start=start, stop=start + length, step=1)
+
+
+def _select(self, dim, index):
+    d = norm_dim(dim, self.ndim)
+    n = self.shape[d]
+    if not -n <= index < n:
+        raise IndexError(f"index {index} is out of bounds for dimension {d} with size {n}")
+    index = index + n if index < 0 else index
+    sliced = ops.slice(self, dim=d, start=index, stop=index + 1, step=1)
+    return ops.reshape(sliced, shape=self.shape[:d] + self.shape[d + 1:])
+
+
+def _split(self, split_size_or_sections, dim=0):
+    d = norm_dim(dim, self.ndim)
+    n = self.shape[d]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        sizes = [min(step, n - s) for s in range(0, n, step)] if n else [0]
+    else:
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != n:
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} "
+                               f"(input tensor's size at dimension {d}), but got "
+                               f"split_sizes={sizes}")
+    out, start = [], 0
+    for size in sizes:
+        out.append(ops.slice(self, dim=d, start=start, stop=start + size, step=1))
+        start += size
+    return tuple(out)
+
+
+def _chunk(self, chunks, dim=0):
+    n = self.shape[norm_dim(dim, self.ndim)]
+    return _split(self, max(-(-n // chunks), 1), dim)
+
+
+Tensor.narrow = _narrow
+Tensor.select = _select
+Tensor.split = _split
+Tensor.chunk = _chunk
+Tensor.masked_fill = lambda self, mask, value: ops.masked_fill(self, mask, _as_tensor(value))
+
+# ---------------------------------------------------------------- module functions
+
+
+def cat(tensors, dim=0):
+    tensors = [_as_tensor(t) for t in tensors]
+    if not tensors:
+        raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
+    d = norm_dim(dim, tensors[0].ndim)
+    for t in tensors[1:]:
+        if t.ndim != tensors[0].ndim or any(
+                a != b for i, (a, b) in enumerate(zip(t.shape, tensors[0].shape)) if i != d):
+            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected "
+                               f"size {tensors[0].shape} but got size {t.shape} for a tensor in "
+                               "the list.")
+    return ops.cat(*tensors, dim=d)
+
+
+def stack(tensors, dim=0):
+    tensors = [_as_tensor(t) for t in tensors]
+    d = norm_dim(dim, tensors[0].ndim + 1)
+    return cat([_unsqueeze(t, d) for t in tensors], d)
+
+
+def where(condition, input, other):
+    a, b = _promote(input, other)
+    return ops.where(_as_tensor(condition), a, b)
+
+
+def maximum(input, other):
+    return ops.maximum(*_promote(input, other))
+
+
+def minimum(input, other):
+    return ops.minimum(*_promote(input, other))

@@ -1,0 +1,159 @@
+"""The primitive set ("prims"): one table that every layer uses.
+
+Each prim declares, in one place, its name, its numpy kernel, its shape/dtype rule
+(``meta``), what its derivative needs saved (``save``), its derivative (``vjp``)
+written in prims, whether its result aliases its input (``view``) and, later, its C
+template. The definitions live in ``prims_elementwise``, ``prims_shape`` and
+``prims_reduce``; this module holds the machinery and the table, ``PRIMS``.
+
+Calling a prim dispatches on its arguments, like ``__torch_function__``: if an
+argument's type defines ``__prim_call__(prim, args, params)`` that handler runs (the
+front end's ``Tensor`` builds a differentiable op; the tracer's proxy records a graph
+node); otherwise the numpy kernel runs. That is how one derivative formula serves
+eager execution (arrays), double backward (Tensors) and tracing (proxies), while this
+layer imports nothing above it.
+
+Calling convention: positional arguments are the prim's *inputs* (arrays, or Python
+scalars as constants); keyword arguments are its static *params* (ints, tuples,
+dtypes), hashable so that they can be part of a cache key.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PRIMS: dict[str, "Prim"] = {}
+
+# Save-spec entries: an int (that input), "out" (the result), "tail" (every input
+# after the first, for index arrays), or (entry, j): that entry only when input j
+# needs a gradient -- mul saves `other` only if `self` needs a gradient.
+SaveSpec = tuple
+
+
+class Prim:
+    """One primitive op. Calling it dispatches (see the module docstring)."""
+
+    __slots__ = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable",
+                 "c_template", "doc")
+
+    def __init__(self, name, kernel, meta, save, view, differentiable, c_template):
+        self.name = name
+        self.kernel = kernel
+        self.meta = meta
+        self.save = save
+        self.vjp = None
+        self.view = view
+        self.differentiable = differentiable
+        self.c_template = c_template
+        self.doc = kernel.__doc__
+
+    def __call__(self, *args, **params):
+        for a in args:
+            handler = getattr(type(a), "__prim_call__", None)
+            if handler is not None:
+                return handler(self, args, params)
+        return self.kernel(*args, **params)
+
+    def defvjp(self, fn):
+        """Register the derivative: ``fn(ctx, g) -> tuple of input gradients``."""
+        if not self.differentiable:
+            raise RuntimeError(f"prim {self.name} is declared non-differentiable")
+        self.vjp = fn
+        return fn
+
+    def __repr__(self):
+        return f"<prim {self.name}>"
+
+
+class Ops:
+    """Attribute access to every prim: ``ops.mul(a, b)``. Filled by ``prim``."""
+
+    def __getattr__(self, name):
+        raise AttributeError(f"no prim named {name!r}")
+
+
+ops = Ops()
+
+
+def prim(name, *, meta, save: SaveSpec = (), view=False, differentiable=True,
+         c_template=None):
+    """Decorator that turns a numpy kernel into a registered prim."""
+    def register(kernel):
+        if name in PRIMS:
+            raise RuntimeError(f"prim {name} registered twice")
+        p = Prim(name, kernel, meta, save, view, differentiable, c_template)
+        PRIMS[name] = p
+        setattr(ops, name, p)
+        return p
+    return register
+
+
+class VJPContext:
+    """What a derivative formula may read: saved values (aligned with the prim's
+    save spec; None where not saved), the static params, the inputs' shapes and
+    dtypes (None for Python-scalar inputs) and which inputs need a gradient."""
+
+    __slots__ = ("saved", "params", "shapes", "dtypes", "needs")
+
+    def __init__(self, saved, params, shapes, dtypes, needs):
+        self.saved = saved
+        self.params = params
+        self.shapes = shapes
+        self.dtypes = dtypes
+        self.needs = needs
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def shape_of(a):
+    """Shape of an array, Tensor or proxy; () for a Python scalar."""
+    return a.shape if hasattr(a, "shape") else ()
+
+
+def dtype_of(a):
+    """dtype of an array-like; a Python scalar is returned as is, so that numpy's
+    result_type treats it as a weak scalar (NEP 50), as torch does."""
+    return a.dtype if hasattr(a, "dtype") else a
+
+
+def as_array(x):
+    """numpy ufuncs return numpy scalars for 0-d inputs; kernels return arrays."""
+    return x if type(x) is np.ndarray else np.asarray(x)
+
+
+def norm_dim(dim, ndim):
+    """A dim in [-ndim, ndim) made non-negative, with torch's message."""
+    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+    if not lo <= dim <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of "
+                         f"[{lo}, {hi}], but got {dim})")
+    return dim + ndim if dim < 0 else dim
+
+
+def sum_to(g, shape):
+    """Reduce a broadcast gradient ``g`` back to ``shape`` (written in prims)."""
+    gshape = shape_of(g)
+    if tuple(gshape) == tuple(shape):
+        return g
+    lead = len(gshape) - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1)
+    if dims:
+        g = ops.sum(g, dims=dims, keepdim=True)
+    return ops.reshape(g, shape=tuple(shape))
+
+
+def is_scalar(x):
+    return isinstance(x, (int, float, bool))
+
+
+def elementwise_meta(*args, **_):
+    return (tuple(np.broadcast_shapes(*map(shape_of, args))),
+            np.result_type(*map(dtype_of, args)))
+
+
+def same_meta(x, *_, **__):
+    return tuple(x.shape), x.dtype
+
+
+def compare_meta(*args, **_):
+    return tuple(np.broadcast_shapes(*map(shape_of, args))), np.dtype(bool)

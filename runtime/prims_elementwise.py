@@ -1,0 +1,405 @@
+"""Elementwise prims: unary, binary, comparisons, where, casts and fused activations.
+
+Each prim's kernel, shape rule, save spec and derivative sit together; derivatives
+are written in prims (``ops.*``) so they run on arrays, Tensors and proxies alike.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from runtime.prims import (as_array, compare_meta, dtype_of, elementwise_meta,
+                           is_scalar, ops, prim, same_meta, shape_of, sum_to)
+from runtime.special import erf as _erf
+
+# ---------------------------------------------------------------- unary
+
+
+@prim("neg", meta=same_meta)
+def neg(x):
+    return as_array(np.negative(x))
+
+
+@neg.defvjp
+def _(ctx, g):
+    return (ops.neg(g),)
+
+
+@prim("exp", meta=same_meta, save=("out",))
+def exp(x):
+    return as_array(np.exp(x))
+
+
+@exp.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    return (ops.mul(g, out),)
+
+
+@prim("log", meta=same_meta, save=(0,))
+def log(x):
+    return as_array(np.log(x))
+
+
+@log.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.div(g, x),)
+
+
+@prim("sqrt", meta=same_meta, save=("out",))
+def sqrt(x):
+    return as_array(np.sqrt(x))
+
+
+@sqrt.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    return (ops.div(ops.mul(g, 0.5), out),)
+
+
+@prim("abs", meta=same_meta, save=(0,))
+def abs_(x):
+    return as_array(np.abs(x))
+
+
+@abs_.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.mul(g, ops.sign(x)),)
+
+
+@prim("sign", meta=same_meta)
+def sign(x):
+    return as_array(np.sign(x))
+
+
+@sign.defvjp
+def _(ctx, g):
+    # torch: sign is differentiable with a zero gradient everywhere.
+    return (ops.full_like(g, value=0.0),)
+
+
+@prim("sin", meta=same_meta, save=(0,))
+def sin(x):
+    return as_array(np.sin(x))
+
+
+@sin.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.mul(g, ops.cos(x)),)
+
+
+@prim("cos", meta=same_meta, save=(0,))
+def cos(x):
+    return as_array(np.cos(x))
+
+
+@cos.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.neg(ops.mul(g, ops.sin(x))),)
+
+
+@prim("tanh", meta=same_meta, save=("out",))
+def tanh(x):
+    return as_array(np.tanh(x))
+
+
+@tanh.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    return (ops.mul(g, ops.sub(1.0, ops.mul(out, out))),)
+
+
+@prim("sigmoid", meta=same_meta, save=("out",))
+def sigmoid(x):
+    # Split by sign so exp never overflows.
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
+
+
+@sigmoid.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    return (ops.mul(ops.mul(g, out), ops.sub(1.0, out)),)
+
+
+@prim("erf", meta=same_meta, save=(0,))
+def erf(x):
+    return _erf(np.asarray(x))
+
+
+@erf.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
+
+
+@prim("relu", meta=same_meta, save=("out",))
+def relu(x):
+    return as_array(np.maximum(x, 0))
+
+
+@relu.defvjp
+def _(ctx, g):
+    # torch's threshold_backward: the gradient passes where the output is > 0.
+    (out,) = ctx.saved
+    return (ops.where(ops.gt(out, 0.0), g, 0.0),)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@prim("gelu", meta=same_meta, save=(0,))
+def gelu(x, approximate="none"):
+    x = np.asarray(x)
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        return as_array(0.5 * x * (1.0 + np.tanh(inner)))
+    return as_array(0.5 * x * (1.0 + _erf(x * _INV_SQRT_2)))
+
+
+@gelu.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    if ctx.params.get("approximate", "none") == "tanh":
+        x2 = ops.mul(x, x)
+        t = ops.tanh(ops.mul(ops.add(x, ops.mul(ops.mul(x2, x), 0.044715)), _SQRT_2_OVER_PI))
+        left_d = ops.mul(ops.add(t, 1.0), 0.5)
+        right_d = ops.mul(ops.mul(ops.mul(x, 0.5), ops.sub(1.0, ops.mul(t, t))),
+                          ops.mul(ops.add(ops.mul(x2, 3 * 0.044715), 1.0), _SQRT_2_OVER_PI))
+        return (ops.mul(g, ops.add(left_d, right_d)),)
+    cdf = ops.mul(ops.add(ops.erf(ops.mul(x, _INV_SQRT_2)), 1.0), 0.5)
+    pdf = ops.mul(ops.exp(ops.mul(ops.mul(x, x), -0.5)), _INV_SQRT_2PI)
+    return (ops.mul(g, ops.add(cdf, ops.mul(x, pdf))),)
+
+
+# ---------------------------------------------------------------- binary
+
+
+def _unbroadcast(ctx, i, g):
+    """The gradient for input i: None if it needs none, reduced to its shape."""
+    if not ctx.needs[i]:
+        return None
+    return sum_to(g, ctx.shapes[i])
+
+
+@prim("add", meta=elementwise_meta)
+def add(a, b):
+    return as_array(np.add(a, b))
+
+
+@add.defvjp
+def _(ctx, g):
+    return _unbroadcast(ctx, 0, g), _unbroadcast(ctx, 1, g)
+
+
+@prim("sub", meta=elementwise_meta)
+def sub(a, b):
+    return as_array(np.subtract(a, b))
+
+
+@sub.defvjp
+def _(ctx, g):
+    return _unbroadcast(ctx, 0, g), (_unbroadcast(ctx, 1, ops.neg(g)) if ctx.needs[1] else None)
+
+
+@prim("mul", meta=elementwise_meta, save=((1, 0), (0, 1)))
+def mul(a, b):
+    return as_array(np.multiply(a, b))
+
+
+@mul.defvjp
+def _(ctx, g):
+    b, a = ctx.saved
+    return (_unbroadcast(ctx, 0, ops.mul(g, b)) if ctx.needs[0] else None,
+            _unbroadcast(ctx, 1, ops.mul(g, a)) if ctx.needs[1] else None)
+
+
+@prim("div", meta=elementwise_meta, save=(1, (0, 1)))
+def div(a, b):
+    return as_array(np.true_divide(a, b))
+
+
+@div.defvjp
+def _(ctx, g):
+    b, a = ctx.saved
+    ga = gb = None
+    if ctx.needs[0]:
+        ga = _unbroadcast(ctx, 0, ops.div(g, b))
+    if ctx.needs[1]:
+        gb = _unbroadcast(ctx, 1, ops.neg(ops.div(ops.mul(g, a), ops.mul(b, b))))
+    return ga, gb
+
+
+@prim("pow", meta=elementwise_meta, save=(0, 1, ("out", 1)))
+def pow_(a, b):
+    return as_array(np.power(a, b))
+
+
+@pow_.defvjp
+def _(ctx, g):
+    a, b, out = ctx.saved
+    ga = gb = None
+    if ctx.needs[0]:
+        if is_scalar(b):
+            # Python arithmetic keeps the exponent a weak scalar (no float64 upcast).
+            ga = (ops.full_like(g, value=0.0) if b == 0
+                  else ops.mul(ops.mul(g, b), ops.pow(a, b - 1)))
+        else:
+            # torch: the gradient is 0 where the exponent is 0 (even at a == 0).
+            ga = ops.where(ops.eq(b, 0.0), 0.0,
+                           ops.mul(ops.mul(g, b), ops.pow(a, ops.sub(b, 1.0))))
+        ga = _unbroadcast(ctx, 0, ga)
+    if ctx.needs[1]:
+        # torch: 0 where a == 0 and b >= 0, instead of 0 * log(0) = nan.
+        mask = ops.eq(a, 0.0)
+        safe_a = ops.where(mask, 1.0, a)
+        gb = _unbroadcast(ctx, 1, ops.where(mask, 0.0, ops.mul(ops.mul(g, out), ops.log(safe_a))))
+    return ga, gb
+
+
+def _minmax_vjp(ctx, g, a_wins):
+    # torch: ties split the gradient in half; otherwise it goes to the winner.
+    a, b = ctx.saved
+    tie = ops.eq(a, b)
+    half = ops.mul(g, 0.5)
+    ga = _unbroadcast(ctx, 0, ops.where(a_wins, g, ops.where(tie, half, 0.0))) \
+        if ctx.needs[0] else None
+    gb = _unbroadcast(ctx, 1, ops.where(a_wins, 0.0, ops.where(tie, half, g))) \
+        if ctx.needs[1] else None
+    return ga, gb
+
+
+@prim("maximum", meta=elementwise_meta, save=(0, 1))
+def maximum(a, b):
+    return as_array(np.maximum(a, b))
+
+
+@maximum.defvjp
+def _(ctx, g):
+    a, b = ctx.saved
+    return _minmax_vjp(ctx, g, ops.gt(a, b))
+
+
+@prim("minimum", meta=elementwise_meta, save=(0, 1))
+def minimum(a, b):
+    return as_array(np.minimum(a, b))
+
+
+@minimum.defvjp
+def _(ctx, g):
+    a, b = ctx.saved
+    return _minmax_vjp(ctx, g, ops.gt(b, a))
+
+
+@prim("clamp", meta=same_meta, save=(0,))
+def clamp(x, min=None, max=None):
+    return as_array(np.clip(x, min, max))
+
+
+@clamp.defvjp
+def _(ctx, g):
+    # torch's clamp_backward: the gradient passes where min <= x <= max.
+    (x,) = ctx.saved
+    lo, hi = ctx.params.get("min"), ctx.params.get("max")
+    if lo is not None:
+        g = ops.where(ops.ge(x, lo), g, 0.0)
+    if hi is not None:
+        g = ops.where(ops.ge(hi, x), g, 0.0)
+    return (g,)
+
+
+# ---------------------------------------------------------------- comparisons, where
+
+
+@prim("gt", meta=compare_meta, differentiable=False)
+def gt(a, b):
+    return as_array(np.greater(a, b))
+
+
+@prim("ge", meta=compare_meta, differentiable=False)
+def ge(a, b):
+    return as_array(np.greater_equal(a, b))
+
+
+@prim("eq", meta=compare_meta, differentiable=False)
+def eq(a, b):
+    return as_array(np.equal(a, b))
+
+
+def _where_meta(cond, a, b, **_):
+    return (tuple(np.broadcast_shapes(shape_of(cond), shape_of(a), shape_of(b))),
+            np.result_type(dtype_of(a), dtype_of(b)))
+
+
+@prim("where", meta=_where_meta, save=(0,))
+def where(cond, a, b):
+    return as_array(np.where(cond, a, b))
+
+
+@where.defvjp
+def _(ctx, g):
+    (cond,) = ctx.saved
+    ga = _unbroadcast(ctx, 1, ops.where(cond, g, 0.0)) if ctx.needs[1] else None
+    gb = _unbroadcast(ctx, 2, ops.where(cond, 0.0, g)) if ctx.needs[2] else None
+    return None, ga, gb
+
+
+# ---------------------------------------------------------------- casts and constants
+
+
+@prim("astype", meta=lambda x, dtype: (tuple(x.shape), np.dtype(dtype)))
+def astype(x, dtype):
+    return np.asarray(x).astype(dtype, order="C", copy=True)
+
+
+@astype.defvjp
+def _(ctx, g):
+    return (ops.astype(g, dtype=ctx.dtypes[0]),)
+
+
+@prim("copy", meta=same_meta)
+def copy(x):
+    """A fresh C-contiguous copy (clone, contiguous)."""
+    return np.array(x, order="C", copy=True)
+
+
+@copy.defvjp
+def _(ctx, g):
+    return (g,)
+
+
+def _full_like_meta(x, value, shape=None, dtype=None):
+    return (tuple(x.shape) if shape is None else tuple(shape),
+            x.dtype if dtype is None else np.dtype(dtype))
+
+
+@prim("full_like", meta=_full_like_meta, differentiable=False)
+def full_like(x, value, shape=None, dtype=None):
+    """A new array filled with ``value``; x gives the default shape and dtype."""
+    return np.full(x.shape if shape is None else shape, value,
+                   dtype=x.dtype if dtype is None else dtype)
+
+
+@prim("masked_fill", meta=lambda x, mask, value: (
+    tuple(np.broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value))), x.dtype),
+    save=(1,))
+def masked_fill(x, mask, value):
+    """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is
+    fill_/copy_: the in-place forms get a zero gradient for the overwritten value."""
+    return np.where(mask, value, x).astype(np.result_type(x), copy=False)
+
+
+@masked_fill.defvjp
+def _(ctx, g):
+    (mask,) = ctx.saved
+    gx = _unbroadcast(ctx, 0, ops.where(mask, 0.0, g)) if ctx.needs[0] else None
+    gv = _unbroadcast(ctx, 2, ops.where(mask, g, 0.0)) if ctx.needs[2] else None
+    return gx, None, gv

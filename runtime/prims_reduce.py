@@ -1,0 +1,152 @@
+"""Reductions, matmul, and the fused normalisation kernels (softmax, log_softmax,
+layer_norm) whose derivatives are written once in prims."""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.prims import as_array, ops, prim, sum_to
+
+
+def _reduced_shape(shape, dims, keepdim):
+    if keepdim:
+        return tuple(1 if d in dims else n for d, n in enumerate(shape))
+    return tuple(n for d, n in enumerate(shape) if d not in dims)
+
+
+def _reduce_meta(x, dims, keepdim):
+    return _reduced_shape(x.shape, dims, keepdim), x.dtype
+
+
+def _expand_back(g, shape, dims, keepdim):
+    """Broadcast a reduced gradient back over the reduced dims."""
+    if not keepdim:
+        g = ops.reshape(g, shape=_reduced_shape(shape, dims, True))
+    return ops.expand(g, shape=tuple(shape))
+
+
+@prim("sum", meta=_reduce_meta)
+def sum_(x, dims, keepdim):
+    """Sum over ``dims`` (a tuple of non-negative dims; () sums nothing)."""
+    return as_array(np.sum(x, axis=dims, keepdims=keepdim))
+
+
+@sum_.defvjp
+def _(ctx, g):
+    return (_expand_back(g, ctx.shapes[0], ctx.params["dims"], ctx.params["keepdim"]),)
+
+
+@prim("amax", meta=_reduce_meta, save=(0, "out"))
+def amax(x, dims, keepdim):
+    return as_array(np.amax(x, axis=dims, keepdims=keepdim))
+
+
+@amax.defvjp
+def _(ctx, g):
+    # torch's amax: the gradient is shared evenly among the tied maxima.
+    x, out = ctx.saved
+    shape, dims, keepdim = ctx.shapes[0], ctx.params["dims"], ctx.params["keepdim"]
+    mask = ops.astype(ops.eq(x, _expand_back(out, shape, dims, keepdim)), dtype=ctx.dtypes[0])
+    count = ops.sum(mask, dims=dims, keepdim=True)
+    return (ops.div(ops.mul(_expand_back(g, shape, dims, keepdim), mask), count),)
+
+
+def _argmax_meta(x, dim, keepdim):
+    if dim is None:
+        return (), np.dtype(np.int64)
+    return _reduced_shape(x.shape, (dim,), keepdim), np.dtype(np.int64)
+
+
+@prim("argmax", meta=_argmax_meta, differentiable=False)
+def argmax(x, dim, keepdim):
+    """Index of the first maximum along ``dim`` (None: of the flattened array)."""
+    return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
+
+
+def _matmul_meta(a, b):
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                           f"({a.shape[-2]}x{a.shape[-1]} and {b.shape[-2]}x{b.shape[-1]})")
+    return tuple(batch) + (a.shape[-2], b.shape[-1]), np.result_type(a.dtype, b.dtype)
+
+
+def transpose_last(x):
+    """Swap the last two dims (a view)."""
+    n = len(x.shape)
+    return ops.permute(x, perm=tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+@prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)))
+def matmul(a, b):
+    """Batched matrix product; both operands have at least 2 dims."""
+    return as_array(np.matmul(a, b))
+
+
+@matmul.defvjp
+def _(ctx, g):
+    b, a = ctx.saved
+    ga = sum_to(ops.matmul(g, transpose_last(b)), ctx.shapes[0]) if ctx.needs[0] else None
+    gb = sum_to(ops.matmul(transpose_last(a), g), ctx.shapes[1]) if ctx.needs[1] else None
+    return ga, gb
+
+
+# ---------------------------------------------------------------- fused kernels
+
+
+def _same_meta(x, **_):
+    return tuple(x.shape), x.dtype
+
+
+@prim("softmax", meta=_same_meta, save=("out",))
+def softmax(x, dim):
+    e = np.exp(x - np.amax(x, axis=dim, keepdims=True))
+    return as_array(e / np.sum(e, axis=dim, keepdims=True))
+
+
+@softmax.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    dot = ops.sum(ops.mul(g, out), dims=(ctx.params["dim"],), keepdim=True)
+    return (ops.mul(out, ops.sub(g, dot)),)
+
+
+@prim("log_softmax", meta=_same_meta, save=("out",))
+def log_softmax(x, dim):
+    shifted = x - np.amax(x, axis=dim, keepdims=True)
+    return as_array(shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True)))
+
+
+@log_softmax.defvjp
+def _(ctx, g):
+    (out,) = ctx.saved
+    total = ops.sum(g, dims=(ctx.params["dim"],), keepdim=True)
+    return (ops.sub(g, ops.mul(ops.exp(out), total)),)
+
+
+@prim("layer_norm", meta=_same_meta, save=(0,))
+def layer_norm(x, ndim, eps):
+    """Normalise over the last ``ndim`` dims (biased variance); the affine part is
+    ordinary mul/add ops."""
+    axes = tuple(range(x.ndim - ndim, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    centered = x - mean
+    var = np.mean(centered * centered, axis=axes, keepdims=True)
+    return as_array(centered / np.sqrt(var + eps))
+
+
+@layer_norm.defvjp
+def _(ctx, g):
+    # Recompute mean and 1/std from x rather than saving them: one saved tensor.
+    (x,) = ctx.saved
+    shape, k, eps = ctx.shapes[0], ctx.params["ndim"], ctx.params["eps"]
+    dims = tuple(range(len(shape) - k, len(shape)))
+    inv_n = 1.0 / float(np.prod(shape[len(shape) - k:], dtype=np.int64))
+
+    def mean(v):
+        return ops.mul(ops.sum(v, dims=dims, keepdim=True), inv_n)
+
+    centered = ops.sub(x, mean(x))
+    rstd = ops.pow(ops.add(mean(ops.mul(centered, centered)), eps), -0.5)
+    xhat = ops.mul(centered, rstd)
+    inner = ops.sub(ops.sub(g, mean(g)), ops.mul(xhat, mean(ops.mul(g, xhat))))
+    return (ops.mul(inner, rstd),)

@@ -1,0 +1,44 @@
+"""Shared test helpers: run one op case in ca and in torch, and compare."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+
+try:
+    import torch
+except ImportError:  # torch is an optional oracle
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+
+
+def run_ca(fn, arrays, grads, dtype=np.float32, upstream_seed=0):
+    """Forward and backward in ca with a random upstream gradient. Returns
+    (output array, [input grad arrays or None])."""
+    inputs = [ca.tensor(a, dtype=dtype, requires_grad=True) if g else ca.from_numpy(a)
+              for a, g in zip(arrays, grads)]
+    out = fn(ca, *inputs)
+    up = np.random.default_rng(upstream_seed).standard_normal(out.shape).astype(dtype)
+    out.backward(ca.tensor(up, dtype=dtype))
+    return out.detach().numpy(), [t.grad.numpy() if g and t.grad is not None else None
+                                  for t, g in zip(inputs, grads)]
+
+
+def run_torch(fn, arrays, grads, dtype=np.float32, upstream_seed=0):
+    tdtype = torch.float32 if dtype == np.float32 else torch.float64
+    inputs = [torch.tensor(a, dtype=tdtype, requires_grad=True) if g else torch.from_numpy(a)
+              for a, g in zip(arrays, grads)]
+    out = fn(torch, *inputs)
+    up = np.random.default_rng(upstream_seed).standard_normal(tuple(out.shape)).astype(dtype)
+    out.backward(torch.from_numpy(up))
+    return out.detach().numpy(), [t.grad.numpy() if g and t.grad is not None else None
+                                  for t, g in zip(inputs, grads)]
+
+
+def assert_close(ours, theirs, rtol=1e-4, atol=1e-5, what=""):
+    assert ours is not None and theirs is not None, f"{what}: missing gradient"
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} vs {theirs.shape}"
+    np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, err_msg=what)

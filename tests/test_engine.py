@@ -1,0 +1,137 @@
+"""The eager engine's semantics, as torch.autograd's."""
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from helpers import assert_close, needs_torch, torch
+
+
+def test_grad_leaves_dot_grad_untouched():
+    a = ca.randn(3, requires_grad=True)
+    (g,) = ca.autograd.grad((a * a).sum(), [a])
+    assert a.grad is None
+    assert_close(g.numpy(), 2 * a.detach().numpy())
+
+
+def test_grad_computes_only_what_inputs_need():
+    a, b = ca.randn(3, requires_grad=True), ca.randn(3, requires_grad=True)
+    calls = []
+    out = (a.exp() * b.sin()).sum()
+    sin_node = out.grad_fn.next_functions[0][0].next_functions[1][0]
+    assert sin_node.name() == "SinBackward"
+    sin_node.register_prehook(lambda g: calls.append("sin"))
+    ca.autograd.grad(out, [a])
+    assert calls == []  # the b branch never ran
+
+
+def test_backward_inputs_accumulates_only_there():
+    a, b = ca.randn(3, requires_grad=True), ca.randn(3, requires_grad=True)
+    h = a * b
+    (h * h).sum().backward(inputs=[b, h])
+    assert a.grad is None
+    assert_close(b.grad.numpy(), (2 * (a * b) * a).detach().numpy(), rtol=1e-5)
+    assert_close(h.grad.numpy(), (2 * h).detach().numpy(), rtol=1e-5)
+
+
+def test_accumulation_keeps_the_grad_object():
+    a = ca.randn(3, requires_grad=True)
+    (a * 2).sum().backward()
+    g = a.grad
+    (a * 3).sum().backward()
+    assert a.grad is g
+    assert_close(g.numpy(), np.full(3, 5.0))
+
+
+def test_reused_leaf_gradients_add():
+    a = ca.randn(4, requires_grad=True)
+    (a * a + a.exp() + a).sum().backward()
+    x = a.detach().numpy()
+    assert_close(a.grad.numpy(), 2 * x + np.exp(x) + 1, rtol=1e-5)
+
+
+def test_retain_grad_on_non_leaf():
+    a = ca.randn(3, requires_grad=True)
+    h = a * 2
+    h.retain_grad()
+    (h * h).sum().backward()
+    assert_close(h.grad.numpy(), (4 * a).detach().numpy(), rtol=1e-5)
+    assert h.retains_grad
+
+
+def test_no_grad_and_enable_grad():
+    a = ca.randn(3, requires_grad=True)
+    with ca.no_grad():
+        b = a * 2
+        assert not b.requires_grad and not ca.is_grad_enabled()
+        with ca.enable_grad():
+            c = a * 2
+    assert c.requires_grad and ca.is_grad_enabled()
+
+    @ca.no_grad()
+    def f(x):
+        return x * 2
+    assert not f(a).requires_grad
+
+
+def test_multiple_roots_and_grad_tensors():
+    a = ca.randn(3, requires_grad=True)
+    y1, y2 = a * 2, a.exp()
+    ca.autograd.backward([y1, y2], [ca.ones(3), ca.full((3,), 2.0)])
+    assert_close(a.grad.numpy(), 2 + 2 * np.exp(a.detach().numpy()), rtol=1e-5)
+
+
+def test_root_depends_on_other_root():
+    a = ca.randn(3, requires_grad=True)
+    y1 = a * 2
+    y2 = (y1 * y1).sum()
+    ca.autograd.backward([y2, y1.sum()])
+    x = a.detach().numpy()
+    assert_close(a.grad.numpy(), 8 * x + 2, rtol=1e-5)
+
+
+def test_detach_cuts_history():
+    a = ca.randn(3, requires_grad=True)
+    b = (a * 2).detach() * a
+    b.sum().backward()
+    assert_close(a.grad.numpy(), (2 * a).detach().numpy())
+
+
+def _execution_order(m):
+    order = []
+    a = m.ones(2, requires_grad=True)
+    b = m.ones(2, requires_grad=True)
+    x = a * 2
+    y = b.exp()
+    z = x + y
+    w = z.sin() * x
+    for name, t in (("x", x), ("y", y), ("z", z), ("w", w)):
+        t.grad_fn.register_prehook(lambda g, name=name: order.append(name))
+    a.register_hook(lambda g: order.append("a"))
+    b.register_hook(lambda g: order.append("b"))
+    w.sum().backward()
+    return order
+
+
+@needs_torch
+def test_execution_order_matches_torch():
+    assert _execution_order(ca) == _execution_order(torch)
+
+
+def test_requires_grad_propagation_and_int_ops():
+    a = ca.randn(3, requires_grad=True)
+    idx = ca.arange(3)
+    assert idx.dtype == np.int64 and not (idx * 2).requires_grad
+    assert (a * idx).requires_grad and (a * idx).dtype == np.float32
+    assert (idx / 2).dtype == np.float32
+    assert not (a > 0).requires_grad and (a > 0).dtype == np.bool_
+
+
+def test_graph_freed_with_no_references():
+    import gc
+    import weakref
+    a = ca.randn(100, requires_grad=True)
+    out = (a.exp() * 2).sum()
+    node = weakref.ref(out.grad_fn)
+    del out
+    gc.collect()
+    assert node() is None

@@ -1,0 +1,104 @@
+"""The Node contract on every Node type: name, next_functions, metadata,
+compiled_args (a deterministic key), and apply_with_saved == apply."""
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.compiled_args import CompiledNodeArgs, SwapSavedVariables
+from compiled_autograd.node import AccumulateGrad, CopySlices, Node
+from op_cases import CASES, make_inputs
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def test_every_node_type_implements_the_contract():
+    classes = list(_all_subclasses(Node))
+    assert AccumulateGrad in classes and CopySlices in classes
+    concrete = [c for c in classes if getattr(c, "prim", True) is not None]
+    assert len(concrete) >= 40
+    for cls in concrete:
+        for method in ("apply", "compiled_args", "apply_with_saved"):
+            assert getattr(cls, method) is not getattr(Node, method), (cls, method)
+
+
+def _walk(root):
+    seen, order, stack = set(), [], [root]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        order.append(fn)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return order
+
+
+def _upstream(node, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype) for shape, dtype in node.input_metadata]
+
+
+@pytest.mark.parametrize("name,fn,specs", CASES, ids=[c[0] for c in CASES])
+def test_apply_with_saved_equals_apply(name, fn, specs):
+    arrays, grads = make_inputs(specs, seed=2)
+    inputs = [ca.tensor(a, requires_grad=True) if g else ca.from_numpy(a)
+              for a, g in zip(arrays, grads)]
+    out = fn(ca, *inputs)
+    seen_types = set()
+    for i, node in enumerate(_walk(out.grad_fn)):
+        if isinstance(node, AccumulateGrad):
+            continue
+        seen_types.add(type(node))
+        g = _upstream(node, i)
+        eager = node.apply(g)
+        traced = node.apply_with_saved(g, SwapSavedVariables())
+        assert len(eager) == len(traced) == len(node.next_functions)
+        for e, t in zip(eager, traced):
+            assert (e is None) == (t is None)
+            if e is not None:
+                np.testing.assert_array_equal(np.asarray(e), np.asarray(t))
+    assert seen_types
+
+
+def test_compiled_args_is_deterministic_and_sensitive():
+    def key_of(shape, dim):
+        x = ca.randn(*shape, requires_grad=True)
+        out = (x.exp() * 2).sum(dim)
+        args = CompiledNodeArgs()
+        for node in _walk(out.grad_fn):
+            node.compiled_args(args)
+        return args.freeze()
+
+    assert key_of((3, 4), 1) == key_of((3, 4), 1)
+    assert key_of((3, 4), 1) != key_of((3, 5), 1)   # sizes
+    assert key_of((3, 4), 1) != key_of((3, 4), 0)   # a non-tensor attribute
+
+
+def test_compiled_args_collects_saved_variables():
+    x = ca.randn(3, requires_grad=True)
+    y = x.tanh()
+    args = CompiledNodeArgs()
+    y.grad_fn.compiled_args(args)
+    assert len(args.saved) == 1 and args.saved[0].shape == (3,)
+
+
+def test_node_api():
+    a = ca.randn(2, 3, requires_grad=True)
+    b = ca.randn(3, requires_grad=True)
+    out = (a * b).sum()
+    fn = out.grad_fn
+    assert fn.name() == "SumBackward"
+    mul = fn.next_functions[0][0]
+    assert mul.name() == "MulBackward"
+    acc_a, acc_b = mul.next_functions[0][0], mul.next_functions[1][0]
+    assert isinstance(acc_a, AccumulateGrad) and acc_a.variable is a and acc_b.variable is b
+    assert a.grad_fn is None and a.is_leaf
+    mul.metadata["tag"] = 1
+    assert mul.metadata == {"tag": 1}
+    # One AccumulateGrad per leaf while the graph lives.
+    c = a * 3
+    assert c.grad_fn.next_functions[0][0] is acc_a

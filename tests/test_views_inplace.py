@@ -1,0 +1,136 @@
+"""Views and in-place ops: PyTorch's semantics, including the CopySlices cases of the
+note "View + Inplace update for base tensor"."""
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from helpers import assert_close, needs_torch, torch
+
+
+def _arr(seed, *shape):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_views_share_storage_and_version():
+    b = ca.randn(3, 4)
+    v = b[1]
+    t = b.transpose(0, 1)
+    assert v._base is b and t._base is b
+    v.add_(1.0)
+    assert b._version == v._version == t._version == 1
+    assert np.shares_memory(v.numpy(), b.numpy())
+    np.testing.assert_allclose(t.numpy()[:, 1], v.numpy())
+
+
+def test_reshape_of_noncontiguous_copies_and_view_refuses():
+    b = ca.randn(3, 4).t()
+    r = b.reshape(-1)
+    assert r._base is None  # a copy
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        b.view(12)
+
+
+def test_inplace_on_view_rebases_base_history():
+    a = ca.tensor(_arr(0, 3, 4), requires_grad=True)
+    b = a.clone()
+    x = b.select(0, 0)
+    x.mul_(2)
+    assert b.grad_fn.name() == "CopySlices"
+    assert x.grad_fn.next_functions[0][0] is b.grad_fn
+
+
+def _exec_info_case(m, which):
+    """b = a.clone(); x = b.select(0, 0); x *= y; then autograd.grad over a subset."""
+    a = m.tensor(_arr(1, 3, 4), requires_grad=True)
+    y = m.tensor(_arr(2, 4), requires_grad=True)
+    b = a.clone()
+    x = b.select(0, 0)
+    x *= y
+    if which == "x_wrt_a":
+        return m.autograd.grad(x.sum(), [a])[0].numpy()
+    if which == "b_wrt_y":
+        return m.autograd.grad((b * b).sum(), [y])[0].numpy()
+    if which == "b_wrt_a":
+        return m.autograd.grad((b * b).sum(), [a])[0].numpy()
+    if which == "x_wrt_y":
+        return m.autograd.grad((x * x).sum(), [y])[0].numpy()
+
+
+@pytest.mark.parametrize("which", ["x_wrt_a", "b_wrt_y", "b_wrt_a", "x_wrt_y"])
+def test_exec_info_subset_through_copyslices_analytic(which):
+    a, y = _arr(1, 3, 4).astype(np.float64), _arr(2, 4).astype(np.float64)
+    b = a.copy()
+    b[0] *= y
+    expected = {
+        "x_wrt_a": np.concatenate([y[None], np.zeros((2, 4))]),
+        "b_wrt_y": 2 * b[0] * a[0],
+        "b_wrt_a": np.concatenate([(2 * b[0] * y)[None], 2 * b[1:]]),
+        "x_wrt_y": 2 * b[0] * a[0],
+    }[which]
+    assert_close(_exec_info_case(ca, which), expected, rtol=1e-5)
+
+
+@needs_torch
+@pytest.mark.parametrize("which", ["x_wrt_a", "b_wrt_y", "b_wrt_a", "x_wrt_y"])
+def test_exec_info_subset_through_copyslices_torch(which):
+    assert_close(_exec_info_case(ca, which), _exec_info_case(torch, which))
+
+
+def _named_cases(m):
+    out = {}
+    a = m.tensor(_arr(3, 3, 4), requires_grad=True)
+    b = a.clone()
+    b[0].mul_(2)
+    b.sum().backward()
+    out["b[0].mul_(2)"] = a.grad.numpy()
+
+    a = m.tensor(_arr(4, 3, 4), requires_grad=True)
+    b = a.clone()
+    x = b.transpose(0, 1)
+    x.add_(1)
+    (b * b).sum().backward()
+    out["transpose add_"] = a.grad.numpy()
+
+    a = m.tensor(_arr(5, 4, 3), requires_grad=True)
+    y = m.tensor(_arr(6, 2, 3), requires_grad=True)
+    b = a.clone()
+    b[1:3] = y
+    (b * b.exp()).sum().backward()
+    out["b[1:3] = y (a)"] = a.grad.numpy()
+    out["b[1:3] = y (y)"] = y.grad.numpy()
+    return out
+
+
+@needs_torch
+def test_named_view_inplace_cases_match_torch():
+    ours, theirs = _named_cases(ca), _named_cases(torch)
+    for key in ours:
+        assert_close(ours[key], theirs[key], what=key)
+
+
+def test_stale_view_regenerates_grad_fn():
+    a = ca.tensor(_arr(7, 2, 3), requires_grad=True)
+    b = a * 1.0
+    v1 = b[0]          # created before the in-place below
+    b[1].mul_(3.0)     # through another view
+    v1.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [[1, 1, 1], [0, 0, 0]])
+
+
+def test_inplace_bumps_version_and_in_no_grad_keeps_history():
+    a = ca.tensor([1.0, 2.0], requires_grad=True)
+    b = a * 2
+    with ca.no_grad():
+        b.add_(1.0)
+    assert b._version == 1 and b.grad_fn.name() == "MulBackward"
+    b.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [2.0, 2.0])
+
+
+def test_detach_shares_storage_and_version():
+    a = ca.tensor([1.0, 2.0], requires_grad=True)
+    d = a.detach()
+    assert not d.requires_grad and d.grad_fn is None
+    assert np.shares_memory(d.numpy(), a.detach().numpy())
+    d.add_(1.0)
+    assert a._version == 1
