@@ -16,6 +16,7 @@ derivative formulas record a differentiable graph.
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import numpy as np
 
@@ -169,6 +170,8 @@ def _call_function(task, fn, grads):
         if grads[0] is not None:
             accumulate_into(fn.variable, grads[0])
             _hooks.run_post_accumulate_grad_hooks(fn.variable)
+        if fn.__dict__.get("_post_hooks"):
+            _hooks.run_post_hooks(fn, (), grads, task.create_graph)
         return ()
     if all(g is None for g in grads):
         return (None,) * len(fn.next_functions)
@@ -205,14 +208,21 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
     for (fn, nr), g in roots:
         buf = buffers.setdefault(fn, [None] * len(fn.input_metadata))
         buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
-    ready = []
+    ready, pushes = [], itertools.count()
+
+    def push(fn):
+        # torch's order: AccumulateGrad first (all share the top sequence number,
+        # so they go in push order), then the most recently created node.
+        newest_first = -fn._sequence_nr if fn._priority else 0
+        heapq.heappush(ready, (fn._priority, newest_first, next(pushes), fn))
+
     for fn in buffers:
         if task.dependencies.get(fn, 0) == 0:
-            heapq.heappush(ready, (fn._priority, -fn._sequence_nr, fn))
+            push(fn)
     deps = task.dependencies
     with set_grad_enabled(create_graph):
         while ready:
-            _, _, fn = heapq.heappop(ready)
+            fn = heapq.heappop(ready)[-1]
             grads = buffers.pop(fn)
             if task.captures:
                 for nr, g in enumerate(grads):
@@ -240,7 +250,7 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
                 if g is not None:
                     buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
                 if remaining == 0:
-                    heapq.heappush(ready, (nxt._priority, -nxt._sequence_nr, nxt))
+                    push(nxt)
             # A node whose last dependency arrived without a buffer never runs, as in torch.
     return captured
 

@@ -99,6 +99,8 @@ def _same_meta(x, **_):
 
 @prim("softmax", meta=_same_meta, save=("out",))
 def softmax(x, dim):
+    if x.size == 0:  # numpy's amax has no identity for an empty reduction
+        return np.array(x, order="C", copy=True)
     e = np.exp(x - np.amax(x, axis=dim, keepdims=True))
     return as_array(e / np.sum(e, axis=dim, keepdims=True))
 
@@ -112,6 +114,8 @@ def _(ctx, g):
 
 @prim("log_softmax", meta=_same_meta, save=("out",))
 def log_softmax(x, dim):
+    if x.size == 0:
+        return np.array(x, order="C", copy=True)
     shifted = x - np.amax(x, axis=dim, keepdims=True)
     return as_array(shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True)))
 
