@@ -175,8 +175,6 @@ def _call_function(task, fn, grads):
         return ()
     if all(g is None for g in grads):
         return (None,) * len(fn.next_functions)
-    grads = [g if g is not None else _zeros(fn, i, task.create_graph)
-             for i, g in enumerate(grads)]
     outputs = fn.apply(grads, task.needs_of(fn))
     if len(outputs) != len(fn.next_functions):
         raise RuntimeError(f"function {fn.name()} returned an incorrect number of gradients "
@@ -184,13 +182,6 @@ def _call_function(task, fn, grads):
     if fn.__dict__.get("_post_hooks"):
         outputs = _hooks.run_post_hooks(fn, outputs, grads, task.create_graph)
     return outputs
-
-
-def _zeros(fn, i, create_graph):
-    from compiled_autograd.tensor import Tensor
-    shape, dtype = fn.input_metadata[i]
-    z = np.zeros(shape, dtype)
-    return Tensor._make(z) if create_graph else z
 
 
 def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):

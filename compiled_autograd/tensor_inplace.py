@@ -17,25 +17,41 @@ from runtime.prims import PRIMS, ops
 
 
 def _is_index_array(k):
-    return isinstance(k, (Tensor, np.ndarray, list))
+    return isinstance(k, (Tensor, np.ndarray, list)) and np.ndim(
+        k._data if isinstance(k, Tensor) else k) > 0
+
+
+def _key_item(k):
+    """A 0-d integer Tensor/array indexes like an int (as in torch); lists become
+    arrays; boolean and integer arrays stay index arrays."""
+    if isinstance(k, Tensor):
+        k = k._data
+    if isinstance(k, (list, np.ndarray)):
+        k = np.asarray(k)
+        if k.ndim == 0 and k.dtype.kind in "iu":
+            return int(k)
+    return k
+
+
+def _dims_consumed(k):
+    if k is None or k is Ellipsis:
+        return 0
+    if isinstance(k, np.ndarray) and k.dtype == bool:
+        return k.ndim
+    return 1
 
 
 def _normalize_key(self, key):
-    if not isinstance(key, tuple):
-        key = (key,)
-    consumed = sum(1 for k in key if k is not None and k is not Ellipsis and not (
-        isinstance(k, (Tensor, np.ndarray)) and np.asarray(
-            k._data if isinstance(k, Tensor) else k).dtype == bool)) + sum(
-        np.asarray(k._data if isinstance(k, Tensor) else k).ndim for k in key
-        if isinstance(k, (Tensor, np.ndarray)) and np.asarray(
-            k._data if isinstance(k, Tensor) else k).dtype == bool)
+    key = tuple(_key_item(k) for k in (key if isinstance(key, tuple) else (key,)))
+    consumed = sum(_dims_consumed(k) for k in key)
     if sum(1 for k in key if k is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if consumed > self.ndim:
         raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-    if Ellipsis in [k for k in key if not _is_index_array(k)]:
-        i = next(i for i, k in enumerate(key) if k is Ellipsis and not _is_index_array(k))
-        key = key[:i] + (slice(None),) * (self.ndim - consumed) + key[i + 1:]
+    for i, k in enumerate(key):
+        if k is Ellipsis:
+            key = key[:i] + (slice(None),) * (self.ndim - consumed) + key[i + 1:]
+            break
     return key
 
 
@@ -56,7 +72,7 @@ def _getitem(self, key):
                 out = ops.slice(out, dim=dim, start=start, stop=stop, step=step)
             dim += 1
         elif _is_index_array(k):
-            arr = np.asarray(k._data if isinstance(k, Tensor) else k)
+            arr = k
             if arr.dtype == bool:
                 if arr.shape != out.shape[dim:dim + arr.ndim]:
                     raise IndexError(f"The shape of the mask {list(arr.shape)} at index {dim} "
@@ -92,17 +108,17 @@ def _getitem(self, key):
 
 
 def _setitem(self, key, value):
-    key_t = key if isinstance(key, tuple) else (key,)
+    key_t = tuple(_key_item(k) for k in (key if isinstance(key, tuple) else (key,)))
     value = _as_tensor(value)
-    if len(key_t) == 1 and isinstance(key_t[0], Tensor) and key_t[0].dtype == bool \
-            and tuple(key_t[0].shape) == self.shape:
+    if len(key_t) == 1 and isinstance(key_t[0], np.ndarray) and key_t[0].dtype == bool \
+            and key_t[0].shape == self.shape:
         # x[mask] = v is masked_fill_ (v a scalar or broadcastable)
-        _inplace("masked_fill", self, key_t[0], value)
+        _inplace("masked_fill", self, Tensor._make(key_t[0]), value)
         return
     if any(_is_index_array(k) for k in key_t):
         raise RuntimeError("assignment through integer-array indices is not supported; use "
                            "x[mask] = value with a boolean mask, masked_fill or where")
-    _inplace("masked_fill", _getitem(self, key), True, value)
+    _inplace("masked_fill", _getitem(self, key_t), True, value)
 
 
 Tensor.__getitem__ = _getitem

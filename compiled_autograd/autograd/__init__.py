@@ -1,5 +1,6 @@
 """ca.autograd: backward, grad, gradcheck (torch.autograd's names)."""
 from compiled_autograd.engine import backward, grad
 from compiled_autograd.autograd.gradcheck import gradcheck
+from compiled_autograd.function import Function
 
-__all__ = ["backward", "grad", "gradcheck"]
+__all__ = ["backward", "grad", "gradcheck", "Function"]

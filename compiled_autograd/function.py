@@ -1,0 +1,189 @@
+"""Custom ops: ``ca.autograd.Function`` (torch.autograd.Function's contract).
+
+``MyFn.apply(*args)`` runs the static ``forward(ctx, *args)`` without recording
+history, then, if any Tensor argument requires grad, makes the outputs depend on one
+node, ``MyFnBackward``, whose ``apply`` calls the user's static
+``backward(ctx, *grads)``. The node *is* the ctx, as in torch (and it is the analogue
+of torch's PyNode: a Node that forwards ``apply`` to Python code). One node class per
+Function class, made when the class is defined.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd.dispatch import gradient_edge
+from compiled_autograd.grad_mode import is_grad_enabled, no_grad
+from compiled_autograd.node import Node
+from compiled_autograd.saved_variable import SavedVariable
+
+# Attributes of the node itself; anything else on ctx is the user's.
+_NODE_ATTRS = {"next_functions", "input_metadata", "needs_input_grad", "materialize_grads",
+               "user_code"}
+
+
+class FunctionBackward(Node):
+    """The backward node (and ctx) of a custom Function."""
+
+    _forward_cls = None
+    user_code = True  # its gradients are validated like a hook's
+
+    def _start(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.materialize_grads = True
+        self._to_save = ()
+        self._saved = None
+        self._swapped = None
+        self._non_differentiable = set()
+
+    # ---------------------------------------------------------- ctx API
+
+    def save_for_backward(self, *tensors):
+        """Save Tensors (or None) for backward; read them with ``saved_tensors``."""
+        from compiled_autograd.tensor import Tensor
+        for t in tensors:
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError("save_for_backward can only save variables, but argument "
+                                f"{tensors.index(t)} is of type {type(t).__name__}")
+        self._to_save = tensors
+
+    @property
+    def saved_tensors(self):
+        if self._swapped is not None:
+            return self._swapped
+        if self._saved is None:
+            return tuple(self._to_save)  # inside forward
+        return tuple(None if sv is None else sv.unpack(self) for sv in self._saved)
+
+    def mark_non_differentiable(self, *tensors):
+        self._non_differentiable.update(id(t) for t in tensors)
+
+    def set_materialize_grads(self, value: bool):
+        self.materialize_grads = bool(value)
+
+    # ---------------------------------------------------------- Node API
+
+    def saved_variables(self):
+        return [sv for sv in (self._saved or ()) if sv is not None]
+
+    def _grads_in(self, grads):
+        """Engine gradients -> the Tensors the user's backward receives."""
+        from compiled_autograd.tensor import Tensor
+        out = []
+        for g, meta in zip(grads, self.input_metadata):
+            if g is None and self.materialize_grads and meta is not None:
+                g = np.zeros(*meta)
+            out.append(g if g is None or isinstance(g, Tensor) else Tensor._make(g))
+        return out
+
+    def _grads_out(self, result, keep_tensors):
+        """The user's returned gradients -> one per forward argument."""
+        from compiled_autograd.tensor import Tensor
+        if not isinstance(result, tuple):
+            result = (result,)
+        n = len(self.next_functions)
+        if len(result) < n or any(r is not None for r in result[n:]):
+            raise RuntimeError(f"function {self.name()} returned an incorrect number of "
+                               f"gradients (expected {n}, got {len(result)})")
+        out = []
+        for (fn, _), r in zip(self.next_functions, result[:n]):
+            if fn is None or r is None:
+                out.append(None)
+                continue
+            if not isinstance(r, Tensor):
+                raise TypeError(f"function {self.name()} returned a gradient of type "
+                                f"{type(r).__name__}, expected a Tensor or None")
+            out.append(r if keep_tensors else r._data)
+        return tuple(out)
+
+    def apply(self, grads, needs=None):
+        from compiled_autograd.tensor import Tensor
+        create_graph = any(isinstance(g, Tensor) for g in grads)
+        result = self._forward_cls.backward(self, *self._grads_in(grads))
+        return self._grads_out(result, keep_tensors=create_graph)
+
+    def compiled_args(self, args) -> None:
+        args.collect(self._forward_cls)  # keyed by class identity
+        args.collect(self.needs_input_grad)
+        args.collect(self.materialize_grads)
+        args.collect_sizes([None if m is None else m[0] for m in self.input_metadata])
+        for key, value in sorted(self.__dict__.items()):
+            if key.startswith("_") or key in _NODE_ATTRS:
+                continue
+            if isinstance(value, (int, float, str, bool, tuple, type(None))):
+                args.collect((key, value))
+            else:
+                args.collect((key, type(value).__name__))
+        for sv in self.saved_variables():
+            args.collect_saved(sv)
+
+    def apply_with_saved(self, grads, saved):
+        self._swapped = tuple(None if sv is None else saved.before(sv)
+                              for sv in (self._saved or ()))
+        try:
+            result = self._forward_cls.backward(self, *self._grads_in(grads))
+            return self._grads_out(result, keep_tensors=True)
+        finally:
+            self._swapped = None
+            for sv in self.saved_variables():
+                saved.after(sv)
+
+
+class _FunctionMeta(type):
+    def __init__(cls, name, bases, namespace):
+        super().__init__(name, bases, namespace)
+        cls._backward_cls = type(f"{name}Backward", (FunctionBackward,),
+                                 {"_forward_cls": cls, "__module__": cls.__module__})
+
+
+class Function(metaclass=_FunctionMeta):
+    """Subclass with static ``forward(ctx, *args)`` and ``backward(ctx, *grads)``,
+    then call ``MyFn.apply(*args)``."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("You must implement the forward function for custom "
+                                  "autograd.Function.")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError("You must implement either the backward or vjp method for "
+                                  "your custom autograd.Function to use it with backward "
+                                  "mode AD.")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        from compiled_autograd.tensor import Tensor
+        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx = cls._backward_cls.__new__(cls._backward_cls)
+        ctx._start(needs)
+        with no_grad():
+            outputs = cls.forward(ctx, *args, **kwargs)
+        if not (is_grad_enabled() and any(needs)):
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        edges = [gradient_edge(a) if n else (None, 0) for a, n in zip(args, needs)]
+        Node.__init__(ctx, edges, [(o.shape, o.dtype) if isinstance(o, Tensor) else None
+                                   for o in outs])
+        inputs = {id(a) for a in args if isinstance(a, Tensor)}
+        wrapped = []
+        for i, o in enumerate(outs):
+            if isinstance(o, Tensor):
+                if id(o) in inputs:
+                    o = Tensor._make_view(o._data, o)  # an input returned: alias it
+                if id(outs[i]) not in ctx._non_differentiable and o.dtype.kind in "fc":
+                    o._grad_fn, o._output_nr = ctx, i
+            wrapped.append(o)
+        produced = {id(o): w for o, w in zip(outs, wrapped) if isinstance(o, Tensor)}
+        ctx._saved = tuple(_save(t, produced, ctx) for t in ctx._to_save)
+        ctx._to_save = ()
+        return wrapped[0] if single else tuple(wrapped)
+
+
+def _save(t, produced, ctx):
+    if t is None:
+        return None
+    out = produced.get(id(t))
+    if out is not None and out._grad_fn is ctx:
+        return SavedVariable(out, is_output=True, grad_fn_name=type(ctx).__name__)
+    return SavedVariable(t, is_output=False)
