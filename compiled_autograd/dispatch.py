@@ -14,6 +14,7 @@ import numpy as np
 from compiled_autograd.grad_mode import is_grad_enabled
 from compiled_autograd.node import CopySlices, grad_accumulator, node_class
 from compiled_autograd.saved_variable import SavedVariable
+from runtime.prims import run_kernel
 
 
 def gradient_edge(t):
@@ -27,7 +28,10 @@ def gradient_edge(t):
     return None, 0
 
 
-def _save(spec_item, args, result, needs, node_name):
+_OUT = object()  # stands for a saved output until the result Tensor exists
+
+
+def _save(spec_item, args, needs):
     from compiled_autograd.tensor import Tensor
     if isinstance(spec_item, tuple):
         item, cond = spec_item
@@ -35,26 +39,38 @@ def _save(spec_item, args, result, needs, node_name):
             return None
         spec_item = item
     if spec_item == "out":
-        return SavedVariable(result, is_output=True, grad_fn_name=node_name)
+        return _OUT
     if spec_item == "tail":
         return tuple(SavedVariable(a, False) if isinstance(a, Tensor) else a for a in args[1:])
     value = args[spec_item]
     return SavedVariable(value, is_output=False) if isinstance(value, Tensor) else value
 
 
-def _record(prim, args, params, result, edges):
-    """Create the prim's backward node for ``result`` with the given input edges."""
+def _make_node(prim, args, params, edges, out_meta):
+    """The prim's backward node; its inputs are saved now (before any in-place
+    write, so that an operand aliasing the target fails the version check)."""
     from compiled_autograd.tensor import Tensor
     cls = node_class(prim)
     needs = tuple(fn is not None for fn, _ in edges)
     shapes = tuple(a.shape if isinstance(a, Tensor) else None for a in args)
     dtypes = tuple(a.dtype if isinstance(a, Tensor) else None for a in args)
-    node = cls(edges, ((result.shape, result.dtype),), (), params, shapes, dtypes)
+    node = cls(edges, (out_meta,), (), params, shapes, dtypes)
+    node.saved = tuple(_save(s, args, needs) for s in prim.save)
+    return node
+
+
+def _save_output(node, result):
+    """Replace the pending saved output by ``result`` (whose grad_fn is node)."""
+    if any(s is _OUT for s in node.saved):
+        name = type(node).__name__
+        node.saved = tuple(SavedVariable(result, is_output=True, grad_fn_name=name)
+                           if s is _OUT else s for s in node.saved)
+
+
+def _attach(node, result):
     result._grad_fn = node
     result._output_nr = 0
-    # Saved after the node exists, so that a saved output can name it.
-    node.saved = tuple(_save(s, args, result, needs, cls.__name__) for s in prim.save)
-    return node
+    _save_output(node, result)
 
 
 def _wants_grad(prim, args, out_dtype):
@@ -68,7 +84,7 @@ def apply_prim(prim, args, params):
     """Run ``prim`` on Tensor (or scalar) arguments; record history if needed."""
     from compiled_autograd.tensor import Tensor
     arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-    out = prim.kernel(*arrays, **params)
+    out = run_kernel(prim, arrays, params)
     if type(out) is not np.ndarray:
         out = np.asarray(out)
     source = args[0] if args and isinstance(args[0], Tensor) else None
@@ -82,28 +98,64 @@ def apply_prim(prim, args, params):
         result = Tensor._make(out)
     if _wants_grad(prim, args, out.dtype):
         edges = [gradient_edge(a) if isinstance(a, Tensor) else (None, 0) for a in args]
-        _record(prim, args, params, result, edges)
+        _attach(_make_node(prim, args, params, edges, (result.shape, result.dtype)), result)
     return result
 
 
 def view_geometry(view, base):
-    """(shape, strides, offset) of ``view`` in elements of ``base``'s C order."""
-    item = base._data.itemsize
-    start = view._data.__array_interface__["data"][0] - base._data.__array_interface__["data"][0]
-    return dict(shape=tuple(view.shape),
-                strides=tuple(s // item for s in view._data.strides),
-                offset=start // item)
+    """(shape, strides, offset) of ``view`` in elements of ``base``'s C order: the
+    geometry ``as_strided`` applies to a C-ordered gradient of the base."""
+    b, v = base._data, view._data
+    item = b.itemsize
+    start = v.__array_interface__["data"][0] - b.__array_interface__["data"][0]
+    if b.flags.c_contiguous:
+        return dict(shape=tuple(v.shape), strides=tuple(s // item for s in v.strides),
+                    offset=start // item)
+    # A base whose memory is not in C order (a detached view, a transposed
+    # gradient): lay its C-order element indices out in memory like the base,
+    # then read them back through the view's own strides.
+    lo, hi = np.lib.array_utils.byte_bounds(b)
+    cells = np.empty((hi - lo) // item + 1, dtype=np.int64)
+    as_cells = lambda arr, at: np.lib.stride_tricks.as_strided(  # noqa: E731
+        cells[(arr.__array_interface__["data"][0] - lo) // item:], shape=arr.shape,
+        strides=tuple(s // item * cells.itemsize for s in arr.strides))
+    as_cells(b, None)[...] = np.arange(b.size).reshape(b.shape)
+    index = as_cells(v, None)
+    offset = int(index.reshape(-1)[0]) if index.size else 0
+    strides = tuple(int(index[(0,) * d + (1,) + (0,) * (v.ndim - d - 1)]) - offset
+                    if n > 1 else 0 for d, n in enumerate(v.shape))
+    return dict(shape=tuple(v.shape), strides=strides, offset=offset)
 
 
 def check_inplace(target):
-    if is_grad_enabled() and target._requires_grad and target._grad_fn is None:
-        if target._base is None:
-            raise RuntimeError("a leaf Variable that requires grad is being used in an "
-                               "in-place operation.")
+    """torch's refusals of in-place ops that would give wrong or ambiguous grads."""
+    if not is_grad_enabled():
+        return
+    if target._requires_grad and target._grad_fn is None and target._base is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an "
+                           "in-place operation.")
     base = target._base
-    if is_grad_enabled() and base is not None and base._grad_fn is None and base._requires_grad:
+    if base is None:
+        return
+    if base._grad_fn is None and base._requires_grad:
         raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
                            "an in-place operation.")
+    if target._creation == "custom_function":
+        name = target._grad_fn.name() if target._grad_fn is not None else "a custom Function"
+        raise RuntimeError(
+            f"Output {target._output_nr} of {name} is a view and is being modified inplace. "
+            "This view was created inside a custom Function (or because an input was "
+            "returned as-is) and the autograd logic to handle view+inplace would override "
+            "the custom backward associated with the custom Function, leading to incorrect "
+            "gradients. This behavior is forbidden. You can fix this by cloning the output "
+            "of the custom Function.")
+    if target._creation == "no_grad" and base.requires_grad:
+        raise RuntimeError(
+            "A view was created in no_grad mode and is being modified inplace with grad "
+            "mode enabled. Given that this use case is ambiguous and error-prone, it is "
+            "forbidden. You can clarify your code by moving both the view and the inplace "
+            "either both inside the no_grad block (if you don't want the inplace to be "
+            "tracked) or both outside (if you want the inplace to be tracked).")
 
 
 def apply_inplace(prim, args, params):
@@ -112,7 +164,7 @@ def apply_inplace(prim, args, params):
     target = args[0]
     check_inplace(target)
     arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-    out = prim.kernel(*arrays, **params)
+    out = run_kernel(prim, arrays, params)
     if tuple(np.shape(out)) != target.shape:
         raise RuntimeError(
             f"output with shape {list(target.shape)} doesn't match the broadcast shape "
@@ -121,40 +173,40 @@ def apply_inplace(prim, args, params):
         raise RuntimeError("unsupported operation: more than one element of the written-to "
                            "tensor refers to a single memory location. Please clone() the "
                            "tensor before performing the operation.")
-    record = _wants_grad(prim, args, target.dtype)
-    if record:
+    node = None
+    if _wants_grad(prim, args, target.dtype):
         edges = [gradient_edge(a) if isinstance(a, Tensor) else (None, 0) for a in args]
         old = target
         if any(s == 0 or (isinstance(s, tuple) and s[0] == 0) for s in prim.save):
             # The formula needs target's old value, which is about to be overwritten.
             old = Tensor._make(target._data.copy())
             old._grad_fn, old._output_nr = target.grad_fn, target._output_nr
-        inputs = (old,) + tuple(args[1:])
+        node = _make_node(prim, (old,) + tuple(args[1:]), params, edges,
+                          (target.shape, target.dtype))
     np.copyto(target._data, out, casting="same_kind")
     target._version_counter.value += 1
-    if record:
-        _rebase_history(prim, inputs, params, target, edges)
+    if node is not None:
+        _rebase_history(node, target)
     return target
 
 
-def _rebase_history(prim, inputs, params, target, edges):
+def _rebase_history(node, target):
+    from compiled_autograd.hooks import move_retain_grad
     from compiled_autograd.tensor import Tensor
+    old_fn, old_nr = target._grad_fn, target._output_nr
     base = target._base
     if base is None:
-        _record(prim, inputs, params, target, edges)
-        return
-    # In-place on a view: base's new history is CopySlices(fn); the view's is a
-    # view (as_strided) of that.
-    geometry = view_geometry(target, base)
-    fn = node_class(prim)(edges, ((target.shape, target.dtype),), (), params,
-                          tuple(a.shape if isinstance(a, Tensor) else None for a in inputs),
-                          tuple(a.dtype if isinstance(a, Tensor) else None for a in inputs))
-    probe = Tensor._make(target._data)  # stands for the result while saving
-    probe._grad_fn = fn
-    probe._version_counter = target._version_counter
-    needs = tuple(e is not None for e, _ in edges)
-    fn.saved = tuple(_save(s, inputs, probe, needs, fn.name()) for s in prim.save)
-    base_edge = gradient_edge(base)
-    base._grad_fn = CopySlices(base_edge, (base.shape, base.dtype), geometry, fn)
-    base._output_nr = 0
-    target._regenerate_view_grad_fn()
+        _attach(node, target)
+    else:
+        # In-place on a view: base's new history is CopySlices(node); the view's
+        # is a view (as_strided) of that.
+        probe = Tensor._make(target._data)  # stands for the result while saving
+        probe._grad_fn = node
+        probe._version_counter = target._version_counter
+        _save_output(node, probe)
+        base._grad_fn = CopySlices(gradient_edge(base), (base.shape, base.dtype),
+                                   view_geometry(target, base), node)
+        base._output_nr = 0
+        target._regenerate_view_grad_fn()
+    if target._retains_grad:
+        move_retain_grad(target, old_fn, old_nr)

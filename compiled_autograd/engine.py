@@ -101,7 +101,7 @@ class GraphTask:
         """Mark the nodes needed to reach ``input_edges``; capture at those edges."""
         targets = {}
         for i, (fn, nr) in enumerate(input_edges):
-            self.captures[(fn, nr)] = i
+            self.captures.setdefault((fn, nr), []).append(i)
             targets[fn] = targets.get(fn, False) or (
                 execute_leaf_inputs and isinstance(fn, AccumulateGrad))
         # Post-order DFS: a node is needed if it is a target to execute or any
@@ -215,12 +215,16 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
         while ready:
             fn = heapq.heappop(ready)[-1]
             grads = buffers.pop(fn)
+            runs = task.will_run(fn)
             if task.captures:
+                if not runs and _hooks.has_tensor_pre_hooks(fn):
+                    # As torch: tensor hooks apply to a captured gradient; a node that
+                    # runs calls them itself (once), after the capture.
+                    grads = _hooks.run_tensor_pre_hooks(fn, grads, create_graph)
                 for nr, g in enumerate(grads):
-                    idx = task.captures.get((fn, nr))
-                    if idx is not None:
+                    for idx in task.captures.get((fn, nr), ()):
                         captured[idx] = g
-            if not task.will_run(fn):
+            if not runs:
                 outputs = (None,) * len(fn.next_functions)
             else:
                 outputs = _call_function(task, fn, grads)

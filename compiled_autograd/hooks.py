@@ -83,6 +83,14 @@ def add_retain_grad(tensor):
     retained[0] = weakref.ref(tensor)
 
 
+def move_retain_grad(tensor, old_fn, old_nr):
+    """An in-place op gave ``tensor`` a new grad_fn: retain its new gradient."""
+    if old_fn is not None:
+        retained = old_fn.__dict__.get("_retains_grad") or {}
+        retained.pop(old_nr, None)
+    add_retain_grad(tensor)
+
+
 def register_node_prehook(node, hook):
     hooks = _node_hook_dict(node, "_pre_hooks")
     handle = RemovableHandle(hooks)
@@ -95,6 +103,14 @@ def register_node_hook(node, hook):
     handle = RemovableHandle(hooks)
     hooks[handle.id] = hook
     return handle
+
+
+def has_tensor_pre_hooks(node) -> bool:
+    d = node.__dict__
+    if d.get("_tensor_pre_hooks") or d.get("_retains_grad"):
+        return True
+    variable = d.get("variable")
+    return variable is not None and bool(variable._backward_hooks)
 
 
 def has_hooks(node) -> bool:
@@ -132,6 +148,12 @@ def _unwrap(result, like, hook, create_graph):
 
 def run_pre_hooks(fn, grads, create_graph):
     """Tensor pre-hooks, retain_grad, node pre-hooks (torch's order)."""
+    return run_node_pre_hooks(fn, run_tensor_pre_hooks(fn, grads, create_graph), create_graph)
+
+
+def run_tensor_pre_hooks(fn, grads, create_graph):
+    """Hooks registered on the tensors whose gradients ``fn`` receives, then
+    retain_grad. They also run before a gradient is captured by autograd.grad."""
     grads = list(grads)
     d = fn.__dict__
     per_output = dict(d.get("_tensor_pre_hooks") or {})
@@ -150,7 +172,11 @@ def run_pre_hooks(fn, grads, create_graph):
             t = ref()
             if t is not None and grads[nr] is not None:
                 _retain(t, grads[nr])
-    pre = d.get("_pre_hooks")
+    return grads
+
+
+def run_node_pre_hooks(fn, grads, create_graph):
+    pre = fn.__dict__.get("_pre_hooks")
     if pre:
         for hook in list(pre.values()):
             result = hook(tuple(_wrap(g) for g in grads))

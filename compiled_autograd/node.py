@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 
-from runtime.prims import PRIMS, VJPContext
+from runtime.prims import PRIMS, VJPContext, ops
 
 _sequence = itertools.count()
 
@@ -121,7 +121,12 @@ class PrimBackward(Node):
 
     def run_formula(self, grads, needs, saved_values):
         ctx = VJPContext(saved_values, self.params, self.shapes, self.dtypes, needs)
-        return self.prim.vjp(ctx, grads[0])
+        out = self.prim.vjp(ctx, grads[0])
+        # Mixed-dtype ops (float32 * float64): each gradient takes its input's dtype.
+        for i, g in enumerate(out):
+            if g is not None and g.dtype != self.dtypes[i]:
+                out = out[:i] + (ops.astype(g, dtype=self.dtypes[i]),) + out[i + 1:]
+        return out
 
     def apply(self, grads, needs=None):
         g = grads[0]
@@ -215,7 +220,9 @@ def accumulate_into(variable, g) -> None:
     gradients) accumulation is out of place and differentiable."""
     from compiled_autograd.tensor import Tensor
     if isinstance(g, Tensor):
-        variable.grad = g if variable.grad is None else variable.grad + g
+        # A copy (differentiable): g may be shared with another leaf or be the
+        # caller's own gradient tensor.
+        variable.grad = ops.copy(g) if variable.grad is None else variable.grad + g
         return
     if variable.grad is None:
         variable.grad = Tensor._make(np.array(g, dtype=variable.dtype, order="C", copy=True))

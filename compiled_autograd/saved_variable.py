@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiled_autograd.saved_hooks import current_hooks
+
 SECOND_BACKWARD_MSG = (
     "Trying to backward through the graph a second time (or directly access saved "
     "tensors after they have already been freed). Saved intermediate values of the "
@@ -25,11 +27,19 @@ def type_name(dtype) -> str:
 
 
 class SavedVariable:
+    """A saved tensor. Under saved-tensor hooks it holds ``pack(tensor)`` and the
+    unpack hook instead of the tensor (PyTorch's SavedVariableHooks)."""
+
     __slots__ = ("_tensor", "_data", "_version_counter", "saved_version", "is_output",
                  "_requires_grad", "_output_nr", "_grad_fn_name", "released", "shape",
-                 "dtype")
+                 "dtype", "packed", "unpack_hook", "_grad_fn")
 
     def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
+        hooks = current_hooks()
+        if hooks is not None:
+            self._init_hooked(tensor, is_output, hooks)
+            return
+        self.packed = self.unpack_hook = None
         self._version_counter = tensor._version_counter
         self.saved_version = self._version_counter.value
         self.is_output = is_output
@@ -48,10 +58,38 @@ class SavedVariable:
             self._data = None
             self._requires_grad = False
 
+    def _init_hooked(self, tensor, is_output, hooks):
+        pack, unpack = hooks
+        self.shape, self.dtype = tensor.shape, tensor.dtype
+        self.is_output = is_output
+        self.released = False
+        self._output_nr = tensor._output_nr
+        # The edge to restore on unpack; an output's grad_fn is the owner node
+        # (given at unpack), so only an input's is kept (no reference cycle).
+        self._grad_fn = None if is_output else tensor._grad_fn
+        self._tensor = self._data = None
+        self._version_counter = None
+        self.packed = pack(tensor)  # once per save
+        self.unpack_hook = unpack
+
+    def _call_unpack_hook(self):
+        from compiled_autograd.tensor import Tensor
+        value = self.unpack_hook(self.packed)
+        if not isinstance(value, Tensor):
+            raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but "
+                            f"got result of type {type(value).__name__}")
+        if tuple(value.shape) != tuple(self.shape):
+            raise RuntimeError(f"saved tensor unpack_hook returned a tensor of shape "
+                               f"{list(value.shape)}, but the saved tensor had shape "
+                               f"{list(self.shape)}")
+        return value
+
     def check(self, node_name: str) -> None:
         """Raise the torch error if this value was freed or modified in place."""
         if self.released:
             raise RuntimeError(SECOND_BACKWARD_MSG)
+        if self.unpack_hook is not None:
+            return  # the hooks own the value: no version to check (as torch)
         current = self._version_counter.value
         if current != self.saved_version:
             if self._tensor is not None and self._tensor._grad_fn is not None:
@@ -71,14 +109,24 @@ class SavedVariable:
     def unpack_array(self, node_name: str):
         """The saved value as an ndarray (the eager engine's fast path)."""
         self.check(node_name)
+        if self.unpack_hook is not None:
+            return self._call_unpack_hook()._data
         return self._data if self._tensor is None else self._tensor._data
 
     def unpack(self, owner):
         """The saved value as a Tensor; an output gets ``owner`` as its grad_fn."""
         self.check(owner.name())
+        from compiled_autograd.tensor import Tensor
+        if self.unpack_hook is not None:
+            value = self._call_unpack_hook()
+            grad_fn = owner if self.is_output else self._grad_fn
+            if grad_fn is None:
+                return value
+            t = Tensor._make(value._data)
+            t._grad_fn, t._output_nr = grad_fn, self._output_nr
+            return t
         if self._tensor is not None:
             return self._tensor
-        from compiled_autograd.tensor import Tensor
         t = Tensor._make(self._data)
         t._version_counter = self._version_counter
         t._grad_fn = owner
@@ -86,6 +134,6 @@ class SavedVariable:
         return t
 
     def release(self) -> None:
-        self._tensor = None
-        self._data = None
+        self._tensor = self._data = None
+        self.packed = self.unpack_hook = self._grad_fn = None
         self.released = True

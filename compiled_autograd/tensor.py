@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiled_autograd import dispatch
+from compiled_autograd.grad_mode import is_grad_enabled
 from compiled_autograd.saved_variable import type_name
 from runtime.prims import ops
 
@@ -25,7 +26,7 @@ class VersionCounter:
 class Tensor:
     __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_version_counter",
                  "_base", "_view_version", "grad", "_grad_acc_ref", "_retains_grad",
-                 "_backward_hooks", "_post_accumulate_grad_hooks", "__weakref__")
+                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "__weakref__")
 
     __prim_call__ = staticmethod(dispatch.apply_prim)
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
@@ -49,6 +50,9 @@ class Tensor:
         self._retains_grad = False
         self._backward_hooks = None
         self._post_accumulate_grad_hooks = None
+        # How a view was made, when torch forbids in-place on it later:
+        # "no_grad" (made without history) or "custom_function" (a Function's output).
+        self._creation = None
 
     @classmethod
     def _make(cls, data):
@@ -63,6 +67,8 @@ class Tensor:
         t._base = base
         t._version_counter = base._version_counter
         t._view_version = base._version_counter.value
+        if not is_grad_enabled():
+            t._creation = "no_grad"
         return t
 
     # ------------------------------------------------------------ autograd state
@@ -78,8 +84,8 @@ class Tensor:
         history is a view (as_strided) of the base's new history."""
         base = self._base
         self._view_version = self._version_counter.value
-        if self._grad_fn is None and self._requires_grad:
-            return  # a leaf view that was given requires_grad itself
+        if self._grad_fn is None and (self._requires_grad or self._creation == "no_grad"):
+            return  # a leaf view given requires_grad itself, or one made without history
         base_edge = dispatch.gradient_edge(base)
         if base_edge[0] is None:
             self._grad_fn = None

@@ -110,15 +110,44 @@ def _getitem(self, key):
 def _setitem(self, key, value):
     key_t = tuple(_key_item(k) for k in (key if isinstance(key, tuple) else (key,)))
     value = _as_tensor(value)
-    if len(key_t) == 1 and isinstance(key_t[0], np.ndarray) and key_t[0].dtype == bool \
-            and key_t[0].shape == self.shape:
-        # x[mask] = v is masked_fill_ (v a scalar or broadcastable)
-        _inplace("masked_fill", self, Tensor._make(key_t[0]), value)
+    if not any(_is_index_array(k) for k in key_t):
+        _inplace("masked_fill", _getitem(self, key_t), True, value)  # a view, copied into
         return
-    if any(_is_index_array(k) for k in key_t):
-        raise RuntimeError("assignment through integer-array indices is not supported; use "
-                           "x[mask] = value with a boolean mask, masked_fill or where")
-    _inplace("masked_fill", _getitem(self, key_t), True, value)
+    if not all(_is_index_array(k) for k in key_t):
+        raise RuntimeError("assignment mixing index arrays with ints or slices is not "
+                           "supported; index with arrays only, or assign into a view first")
+    _index_put_(self, key_t, value)
+
+
+def _index_put_(self, key, value):
+    """``x[arrays] = value``: torch's index_put_ (the selected places, in order)."""
+    sel = np.zeros(self.shape, dtype=bool)
+    sel[key] = True
+    picked = self._data[key]  # only for the selected shape and the duplicate check
+    if sel.sum() != picked.size:
+        raise RuntimeError("index_put_ with duplicate indices is not supported: the value "
+                           "written would depend on the order of the writes")
+    mask = Tensor._make(sel)
+    if not isinstance(value, Tensor) or value.ndim == 0:
+        _inplace("masked_fill", self, mask, value)
+        return
+    try:
+        value = value.expand(*picked.shape)
+    except RuntimeError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot "
+                           f"be broadcast to indexing result of shape "
+                           f"{list(picked.shape)}") from None
+    index_arrays, pattern, d = [], [], 0
+    for k in key:
+        parts = np.nonzero(k) if k.dtype == bool else (k,)
+        for part in parts:
+            n = self.shape[d]
+            pattern.append(len(index_arrays))
+            index_arrays.append(Tensor._make(np.where(part < 0, part + n, part).astype(np.int64)))
+            d += 1
+    scattered = ops.index_accumulate(value.to(self.dtype), *index_arrays, shape=self.shape,
+                                     pattern=tuple(pattern))
+    apply_inplace(PRIMS["masked_fill"], (self, mask, scattered), {})
 
 
 Tensor.__getitem__ = _getitem
@@ -136,7 +165,9 @@ def _inplace(name, target, *args, **params):
 
 
 def _check_float_target(target, other):
-    if isinstance(other, float) and target.dtype.kind not in "fc":
+    other_float = isinstance(other, float) or (
+        isinstance(other, Tensor) and other.dtype.kind in "fc")
+    if other_float and target.dtype.kind not in "fc":
         raise RuntimeError(f"result type Float can't be cast to the desired output type "
                            f"{target.dtype.name}")
 

@@ -49,7 +49,15 @@ def _promote(a, b):
             return a, _to(b, a.dtype)
         if fb and not fa:
             return _to(a, b.dtype), b
+        # torch: a 0-d tensor takes part by category only; the dimensioned one wins.
+        if a.ndim == 0 and b.ndim > 0:
+            return _to(a, b.dtype), b
+        if b.ndim == 0 and a.ndim > 0:
+            return a, _to(b, a.dtype)
         return a, b
+    if not ta and not tb:  # two Python scalars: the default dtype, as torch
+        dtype = DEFAULT_FLOAT if isinstance(a, float) or isinstance(b, float) else np.int64
+        return Tensor._make(np.asarray(a, dtype=dtype)), b
     t, s = (a, b) if ta else (b, a)
     if isinstance(s, float) and t.dtype.kind not in _FLOAT_KINDS:
         t = _to(t, DEFAULT_FLOAT)
@@ -57,16 +65,35 @@ def _promote(a, b):
     return a, b
 
 
+def _broadcast_error(a, b):
+    sa, sb = tuple(getattr(a, "shape", ())), tuple(getattr(b, "shape", ()))
+    n = max(len(sa), len(sb))
+    pa, pb = (1,) * (n - len(sa)) + sa, (1,) * (n - len(sb)) + sb
+    for d in range(n - 1, -1, -1):
+        if pa[d] != pb[d] and 1 not in (pa[d], pb[d]):
+            return RuntimeError(f"The size of tensor a ({pa[d]}) must match the size of tensor "
+                                f"b ({pb[d]}) at non-singleton dimension {d}")
+    return None
+
+
+def _call_binary(p, a, b):
+    try:
+        return p(a, b)
+    except ValueError:
+        err = _broadcast_error(a, b)
+        if err is None:
+            raise
+        raise err from None
+
+
 def _binary(name):
     p = PRIMS[name]
 
     def op(self, other):
-        a, b = _promote(self, other)
-        return p(a, b)
+        return _call_binary(p, *_promote(self, other))
 
     def rop(self, other):
-        a, b = _promote(other, self)
-        return p(a, b)
+        return _call_binary(p, *_promote(other, self))
     return op, rop
 
 
@@ -97,7 +124,7 @@ def _div(a, b):
         a = _to(a, DEFAULT_FLOAT)  # true division of integers is float, as in torch
     if isinstance(b, Tensor) and b.dtype.kind not in _FLOAT_KINDS:
         b = _to(b, DEFAULT_FLOAT)
-    return ops.div(a, b)
+    return _call_binary(PRIMS["div"], a, b)
 
 
 Tensor.__truediv__ = Tensor.div = _div
@@ -191,11 +218,13 @@ Tensor.is_floating_point = lambda self: self.dtype.kind == "f"
 
 
 def _dims(self, dim):
-    if dim is None:
-        return tuple(range(self.ndim))
+    """Reduced dims, sorted and non-negative; None or () mean all (as torch)."""
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted(norm_dim(d, self.ndim) for d in dim))
+    if dim is None or len(dim) == 0:
+        return tuple(range(self.ndim))
+    dims = tuple(sorted(norm_dim(d, self.ndim) for d in dim))
+    return () if self.ndim == 0 else dims  # a 0-d tensor accepts dim 0 / -1
 
 
 def _count(self, dims):
@@ -467,7 +496,10 @@ def stack(tensors, dim=0):
 
 def where(condition, input, other):
     a, b = _promote(input, other)
-    return ops.where(_as_tensor(condition), a, b)
+    try:
+        return ops.where(_as_tensor(condition), a, b)
+    except ValueError:
+        raise _broadcast_error(a, b) or _broadcast_error(_as_tensor(condition), a) from None
 
 
 def maximum(input, other):

@@ -23,6 +23,23 @@ import numpy as np
 
 PRIMS: dict[str, "Prim"] = {}
 
+# Called as hook(prim, out, args) after every kernel while memory is being
+# accounted (runtime.memory installs it); None otherwise.
+_kernel_hook = None
+
+
+def set_kernel_hook(hook) -> None:
+    global _kernel_hook
+    _kernel_hook = hook
+
+
+def run_kernel(prim, args, params):
+    """Run ``prim``'s numpy kernel: the single place where prims compute."""
+    out = prim.kernel(*args, **params)
+    if _kernel_hook is not None:
+        _kernel_hook(prim, out, args)
+    return out
+
 # Save-spec entries: an int (that input), "out" (the result), "tail" (every input
 # after the first, for index arrays), or (entry, j): that entry only when input j
 # needs a gradient -- mul saves `other` only if `self` needs a gradient.
@@ -51,7 +68,10 @@ class Prim:
             handler = getattr(type(a), "__prim_call__", None)
             if handler is not None:
                 return handler(self, args, params)
-        return self.kernel(*args, **params)
+        out = self.kernel(*args, **params)
+        if _kernel_hook is not None:
+            _kernel_hook(self, out, args)
+        return out
 
     def defvjp(self, fn):
         """Register the derivative: ``fn(ctx, g) -> tuple of input gradients``."""

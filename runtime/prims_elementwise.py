@@ -259,7 +259,7 @@ def _(ctx, g):
         ga = _unbroadcast(ctx, 0, ga)
     if ctx.needs[1]:
         # torch: 0 where a == 0 and b >= 0, instead of 0 * log(0) = nan.
-        mask = ops.eq(a, 0.0)
+        mask = ops.mul(ops.eq(a, 0.0), ops.ge(b, 0.0))
         safe_a = ops.where(mask, 1.0, a)
         gb = _unbroadcast(ctx, 1, ops.where(mask, 0.0, ops.mul(ops.mul(g, out), ops.log(safe_a))))
     return ga, gb

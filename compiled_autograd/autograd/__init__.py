@@ -2,5 +2,6 @@
 from compiled_autograd.engine import backward, grad
 from compiled_autograd.autograd.gradcheck import gradcheck
 from compiled_autograd.function import Function
+from compiled_autograd.autograd import graph
 
-__all__ = ["backward", "grad", "gradcheck", "Function"]
+__all__ = ["backward", "grad", "gradcheck", "Function", "graph"]

@@ -108,8 +108,9 @@ def cross_entropy(input, target, reduction="mean", ignore_index=-100):
     loss = -picked
     if not valid.all():
         loss = loss * Tensor._make(valid.astype(loss.dtype))
-        if reduction == "mean":
-            return loss.sum() * (1.0 / max(int(valid.sum()), 1))
+        if reduction == "mean":  # nan when every target is ignored, as torch
+            count = int(valid.sum())
+            return loss.sum() * (1.0 / count if count else float("nan"))
     return _reduce(loss, reduction)
 
 

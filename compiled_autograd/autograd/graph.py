@@ -1,0 +1,85 @@
+"""Saved-tensor hooks (torch.autograd.graph's names).
+
+``saved_tensors_hooks(pack, unpack)``: while active, every tensor saved for backward
+is replaced by ``pack(tensor)`` (run once, at save time) and restored by
+``unpack(packed)`` (run at every access). Hooks are thread-local and nest: the
+innermost pair wins. ``save_on_disk`` is such a pair writing each saved tensor to a
+private file; checkpointing (``ca.utils.checkpoint``) is another.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+
+from runtime import memory
+from compiled_autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
+                                           saved_tensors_hooks)
+
+__all__ = ["saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_disk",
+           "current_hooks"]
+
+class _OffloadedTensor:
+    """A saved tensor living in a private file; the file is removed when this
+    handle is freed (after the backward that used it, or with its graph)."""
+
+    __slots__ = ("path", "shape", "dtype", "nbytes", "_finalizer", "__weakref__")
+
+    def __init__(self, path, shape, dtype, nbytes):
+        self.path, self.shape, self.dtype, self.nbytes = path, shape, dtype, nbytes
+        self._finalizer = weakref.finalize(self, _remove, path)
+
+    def __repr__(self):
+        return f"<offloaded {list(self.shape)} {self.dtype} at {self.path}>"
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+class save_on_disk(saved_tensors_hooks):
+    """Offload every tensor saved for backward to disk, reload it on unpack.
+
+    Files are created with ``tempfile.mkstemp`` (owner-only permissions,
+    unpredictable names) in ``directory`` or in a private temporary directory, and
+    removed as soon as nothing refers to them any more (after their backward, or
+    when the graph is freed); the private directory goes at interpreter exit.
+    """
+
+    def __init__(self, directory=None):
+        if directory is not None and not os.path.isdir(directory):
+            raise RuntimeError(f"save_on_disk: directory {directory!r} does not exist")
+        self.directory = directory
+        self._private_dir = None
+        super().__init__(self._pack, self._unpack)
+
+    def _dir(self):
+        if self.directory is not None:
+            return self.directory
+        if self._private_dir is None:
+            self._private_dir = tempfile.mkdtemp(prefix="ca-offload-")
+            weakref.finalize(self, shutil.rmtree, self._private_dir, True)
+        return self._private_dir
+
+    def _pack(self, tensor):
+        fd, path = tempfile.mkstemp(suffix=".npy", dir=self._dir())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, tensor._data, allow_pickle=False)
+        except BaseException:
+            _remove(path)
+            raise
+        return _OffloadedTensor(path, tensor.shape, tensor.dtype, tensor._data.nbytes)
+
+    @staticmethod
+    def _unpack(handle):
+        from compiled_autograd.tensor import Tensor
+        arr = np.load(handle.path, allow_pickle=False)
+        memory.on_array(arr, "reload", "reloaded")
+        return Tensor._make(arr)

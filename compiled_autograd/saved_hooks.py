@@ -1,0 +1,56 @@
+"""The saved-tensor hook stack (thread-local, innermost pair wins). Public names are
+re-exported by ``ca.autograd.graph``; this module has no dependencies so that
+SavedVariable can consult it."""
+from __future__ import annotations
+
+import threading
+
+_state = threading.local()
+
+
+def _stack():
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    return stack
+
+
+def current_hooks():
+    """The innermost (pack, unpack) pair, or None. Hot path: keep it cheap."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+class saved_tensors_hooks:
+    """Context manager installing a (pack_hook, unpack_hook) pair."""
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.pack_hook = pack_hook
+        self.unpack_hook = unpack_hook
+
+    def __enter__(self):
+        message = getattr(_state, "disabled", None)
+        if message is not None:
+            raise RuntimeError(message)
+        _stack().append((self.pack_hook, self.unpack_hook))
+        return self
+
+    def __exit__(self, *exc):
+        _stack().pop()
+        return False
+
+
+class disable_saved_tensors_hooks:
+    """Inside, registering saved-tensor hooks raises ``error_message``."""
+
+    def __init__(self, error_message):
+        self.error_message = error_message
+
+    def __enter__(self):
+        self._prev = getattr(_state, "disabled", None)
+        _state.disabled = self.error_message
+        return self
+
+    def __exit__(self, *exc):
+        _state.disabled = self._prev
+        return False

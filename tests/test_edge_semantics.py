@@ -1,0 +1,195 @@
+"""Edge cases of torch's semantics that a review found wrong here once; each is
+compared with torch, or with the torch error where torch refuses."""
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from helpers import assert_close, needs_torch, torch
+
+
+def test_inplace_with_operand_aliasing_target_is_refused_at_backward():
+    x = ca.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = x * 1
+    y.mul_(y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def _copyslices_on_non_c_base(m):
+    b = m.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3)).t().detach()
+    w = m.tensor([10.0, 20.0], requires_grad=True)
+    b[0].mul_(w)
+    (b * m.tensor(np.arange(6.0, dtype=np.float32).reshape(3, 2) + 1)).sum().backward()
+    return w.grad.numpy()
+
+
+def test_copyslices_on_a_base_not_in_c_order():
+    # b = [[0,3],[1,4],[2,5]]; row 0 (0, 3) times w; weights row 0 = (1, 2)
+    assert_close(_copyslices_on_non_c_base(ca), [0.0 * 1, 3.0 * 2])
+
+
+@needs_torch
+def test_copyslices_on_a_base_not_in_c_order_torch():
+    assert_close(_copyslices_on_non_c_base(ca), _copyslices_on_non_c_base(torch))
+
+
+def _hooks_and_capture(m):
+    x = m.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    x.register_hook(lambda g: g * 3)
+    (gx,) = m.autograd.grad((x * x).sum(), x)
+    h = x * 1
+    h.register_hook(lambda g: g + 1)
+    (gh,) = m.autograd.grad((h * h).sum(), [h])
+    return gx.numpy(), gh.numpy()
+
+
+@needs_torch
+def test_tensor_hooks_apply_to_captured_gradients():
+    for a, b in zip(_hooks_and_capture(ca), _hooks_and_capture(torch)):
+        assert_close(a, b)
+
+
+def test_grad_with_an_input_listed_twice():
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 2
+    gh, gx, gh2 = ca.autograd.grad((h * x).sum(), [h, x, h])
+    assert_close(gh.numpy(), gh2.numpy())
+    assert_close(gx.numpy(), (4 * x).detach().numpy())
+
+
+def test_create_graph_grads_are_not_aliased():
+    a = ca.tensor([1.0, 2.0], requires_grad=True)
+    b = ca.tensor([3.0, 4.0], requires_grad=True)
+    loss = (a + b).sum()
+    loss.backward(create_graph=True)
+    assert a.grad is not b.grad
+    loss.backward()
+    assert_close(a.grad.numpy(), [2.0, 2.0])
+    assert_close(b.grad.numpy(), [2.0, 2.0])
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    g = ca.ones(2)
+    out = x + 1
+    out.backward(g, create_graph=True)
+    out.backward(g)
+    assert_close(g.numpy(), [1.0, 1.0])  # the caller's gradient is untouched
+
+
+def _retain_then_inplace(m):
+    x = m.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 1
+    y.retain_grad()
+    y.mul_(2)
+    (y * y).sum().backward()
+    return y.grad.numpy()
+
+
+def test_retain_grad_follows_inplace():
+    assert_close(_retain_then_inplace(ca), [4.0, 8.0])  # gradient of the new value: 2y
+
+
+@needs_torch
+def test_retain_grad_follows_inplace_torch():
+    assert_close(_retain_then_inplace(ca), _retain_then_inplace(torch))
+
+
+def _mask_assign(m):
+    mask = np.zeros((3, 2), bool)
+    mask[0, 1] = mask[2, 0] = True
+    x = m.tensor(np.arange(6.0, dtype=np.float32).reshape(3, 2), requires_grad=True)
+    v = m.tensor([10.0, 20.0], requires_grad=True)
+    y = x * 1
+    y[m.from_numpy(mask)] = v
+    w = m.tensor((np.arange(6.0, dtype=np.float32) + 1).reshape(3, 2))
+    (y * w).sum().backward()
+    z = m.zeros(4)
+    z[m.tensor([3, 0])] = m.tensor([1.0, 2.0])
+    return y.detach().numpy(), x.grad.numpy(), v.grad.numpy(), z.numpy()
+
+
+@needs_torch
+def test_mask_and_index_assignment_fill_in_order():
+    for a, b in zip(_mask_assign(ca), _mask_assign(torch)):
+        assert_close(a, b)
+
+
+def test_duplicate_index_assignment_is_refused():
+    z = ca.zeros(4)
+    with pytest.raises(RuntimeError, match="duplicate indices"):
+        z[ca.tensor([1, 1])] = ca.tensor([1.0, 2.0])
+
+
+def _mixed_dtype(m):
+    x = m.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1
+    h.retain_grad()
+    seen = []
+    h.register_hook(lambda g: seen.append(g.dtype))
+    (h * x.double()).sum().backward()
+    return h.grad.dtype, x.grad.dtype, seen[0]
+
+
+def test_gradients_take_their_inputs_dtype():
+    assert [np.dtype(d) for d in _mixed_dtype(ca)] == [np.float32] * 3
+
+
+def test_inplace_on_function_output_alias_is_refused():
+    class Id(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    y = Id.apply(ca.randn(2, requires_grad=True) * 1)
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace. This view "
+                                           "was created inside a custom Function"):
+        y.mul_(3)
+
+
+def test_inplace_on_no_grad_view_with_grad_enabled_is_refused():
+    x = ca.randn(3, requires_grad=True) * 1
+    with ca.no_grad():
+        v = x[:2]
+    with pytest.raises(RuntimeError, match="A view was created in no_grad mode"):
+        v.mul_(2)
+
+
+@needs_torch
+def test_small_semantics_match_torch():
+    cases = [
+        lambda m: m.tensor(3.0).sum(0),
+        lambda m: m.ones(2, 3).sum(()),
+        lambda m: m.where(m.tensor([True, False]), 1.0, 2.0),
+        lambda m: m.ones(2) * m.tensor(2.0, dtype=m.float64),
+    ]
+    for case in cases:
+        ours, theirs = case(ca), case(torch)
+        assert tuple(ours.shape) == tuple(theirs.shape)
+        assert str(ours.dtype).replace("torch.", "") == str(theirs.dtype).replace("torch.", "")
+        assert_close(ours.numpy(), theirs.numpy())
+
+
+def test_torch_messages_for_bad_operands():
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(3\) must match the size of "
+                                           r"tensor b \(4\) at non-singleton dimension 1"):
+        ca.ones(2, 3) + ca.ones(4)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+        ca.arange(3).add_(ca.ones(3))
+
+
+@needs_torch
+def test_pow_exponent_gradient_at_zero_base_matches_torch():
+    def run(m):
+        a = m.tensor([0.0, 0.0, 2.0])
+        b = m.tensor([2.0, -1.0, 0.5], requires_grad=True)
+        (a ** b).sum().backward()
+        return b.grad.numpy()
+    with np.errstate(all="ignore"):
+        assert_close(run(ca), run(torch))
+
+
+def test_cross_entropy_all_ignored_is_nan():
+    x = ca.randn(2, 3, requires_grad=True)
+    assert np.isnan(ca.nn.functional.cross_entropy(x, ca.tensor([-100, -100])).item())
