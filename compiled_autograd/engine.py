@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from compiled_autograd import hooks as _hooks
 from compiled_autograd.dispatch import gradient_edge
 from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.node import AccumulateGrad, accumulate_into
+from runtime import memory as _rt_memory
 from runtime.prims import ops, sum_to
 
 
@@ -50,6 +52,7 @@ def _make_root_grads(tensors, grad_tensors, create_graph):
             if t.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
             g = np.ones(t.shape, dtype=t.dtype)
+            _rt_memory.on_array(g, "grad_root", "gradient")
             g = Tensor._make(g) if create_graph else g
         else:
             if not isinstance(g, Tensor):
@@ -211,7 +214,9 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
         if task.dependencies.get(fn, 0) == 0:
             push(fn)
     deps = task.dependencies
-    with set_grad_enabled(create_graph):
+    accounting = _rt_memory.active()
+    with set_grad_enabled(create_graph), (
+            _rt_memory.category("gradient") if accounting else nullcontext()):
         while ready:
             fn = heapq.heappop(ready)[-1]
             grads = buffers.pop(fn)
@@ -227,7 +232,11 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
             if not runs:
                 outputs = (None,) * len(fn.next_functions)
             else:
-                outputs = _call_function(task, fn, grads)
+                if accounting:
+                    with _rt_memory.source(fn.name()):
+                        outputs = _call_function(task, fn, grads)
+                else:
+                    outputs = _call_function(task, fn, grads)
                 if not keep_graph:
                     fn.release_variables()
                 if outputs and _needs_validation(fn):
@@ -246,7 +255,6 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
                     buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
                 if remaining == 0:
                     push(nxt)
-            # A node whose last dependency arrived without a buffer never runs, as in torch.
     return captured
 
 

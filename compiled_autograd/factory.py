@@ -5,6 +5,7 @@ import numpy as np
 
 from compiled_autograd import random as _random
 from compiled_autograd.tensor import Tensor
+from runtime import memory
 
 DEFAULT_FLOAT = np.dtype(np.float32)
 
@@ -45,6 +46,7 @@ def _shape(size):
 
 
 def _new(arr, requires_grad):
+    memory.on_array(arr, "factory")
     t = Tensor._make(arr)
     t.requires_grad = requires_grad
     return t
@@ -94,5 +96,5 @@ def rand(*size, dtype=None, requires_grad=False) -> Tensor:
 
 
 def randint(low, high, size, dtype=np.int64) -> Tensor:
-    return Tensor._make(_random.generator().integers(low, high, size=_shape((size,)))
-                        .astype(dtype))
+    return _new(_random.generator().integers(low, high, size=_shape((size,))).astype(dtype),
+                False)

@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from runtime.memory import on_array
 from runtime.prims import PRIMS, VJPContext, ops
 
 _sequence = itertools.count()
@@ -225,9 +226,13 @@ def accumulate_into(variable, g) -> None:
         variable.grad = ops.copy(g) if variable.grad is None else variable.grad + g
         return
     if variable.grad is None:
-        variable.grad = Tensor._make(np.array(g, dtype=variable.dtype, order="C", copy=True))
+        stored = np.array(g, dtype=variable.dtype, order="C", copy=True)
+        on_array(stored, "AccumulateGrad")
+        variable.grad = Tensor._make(stored)
     elif variable.grad.requires_grad:
-        variable.grad = Tensor._make(np.add(variable.grad._data, g))
+        stored = np.add(variable.grad._data, g)
+        on_array(stored, "AccumulateGrad")
+        variable.grad = Tensor._make(stored)
     else:
         np.add(variable.grad._data, g, out=variable.grad._data, casting="same_kind")
         variable.grad._version_counter.value += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiled_autograd.saved_hooks import current_hooks
+from runtime import memory as _rt_memory
 
 SECOND_BACKWARD_MSG = (
     "Trying to backward through the graph a second time (or directly access saved "
@@ -17,6 +18,11 @@ SECOND_BACKWARD_MSG = (
     "graph are freed when you call .backward() or autograd.grad(). Specify "
     "retain_graph=True if you need to backward through the graph a second time or if "
     "you need to access saved tensors after calling backward.")
+
+
+def retag_saved(arr):
+    from compiled_autograd.memory import retag_saved as retag
+    retag(arr)
 
 
 def type_name(dtype) -> str:
@@ -40,6 +46,8 @@ class SavedVariable:
             self._init_hooked(tensor, is_output, hooks)
             return
         self.packed = self.unpack_hook = None
+        if _rt_memory._trackers:
+            retag_saved(tensor._data)
         self._version_counter = tensor._version_counter
         self.saved_version = self._version_counter.value
         self.is_output = is_output

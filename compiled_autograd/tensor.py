@@ -34,7 +34,9 @@ class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None):
         """Prefer ``ca.tensor``; this wraps ``data`` like it."""
         from compiled_autograd.factory import as_ndarray
+        from runtime.memory import on_array
         self._init(as_ndarray(data, dtype))
+        on_array(self._data, "ca.tensor")
         self.requires_grad = requires_grad
 
     def _init(self, data):

@@ -105,7 +105,8 @@ class MemoryTracker:
         self.peak_step = 0
         self.step = 0
         self.by_category = dict.fromkeys(CATEGORIES, 0)
-        self.peak_by_category = dict(self.by_category)
+        self.peak_by_category = dict(self.by_category)   # at the overall peak
+        self.max_by_category = dict(self.by_category)    # each category's own maximum
         self._closed = False
 
     def alloc(self, arr, name, cat=None):
@@ -118,6 +119,7 @@ class MemoryTracker:
         self.live[key] = (nbytes, cat)
         self.live_bytes += nbytes
         self.by_category[cat] += nbytes
+        self.max_by_category[cat] = max(self.max_by_category[cat], self.by_category[cat])
         self.events.append(Event(self.step, "alloc", nbytes, cat, name, key))
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
@@ -143,6 +145,7 @@ class MemoryTracker:
         self.live[key] = (nbytes, cat)
         self.by_category[old] -= nbytes
         self.by_category[cat] += nbytes
+        self.max_by_category[cat] = max(self.max_by_category[cat], self.by_category[cat])
         self.events.append(Event(self.step, "retag", nbytes, cat, old, key))
 
     def close(self):

@@ -8,6 +8,7 @@ import numpy as np
 from compiled_autograd import random as _random
 from compiled_autograd.tensor import Tensor
 from compiled_autograd.tensor_methods import _float
+from runtime.memory import on_array
 from runtime.prims import norm_dim, ops
 
 
@@ -69,7 +70,9 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return input
     keep = _random.generator().random(input.shape) >= p
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    mask = Tensor._make((keep * scale).astype(input.dtype))
+    mask_data = (keep * scale).astype(input.dtype)
+    on_array(mask_data, "dropout_mask")
+    mask = Tensor._make(mask_data)
     return input.mul_(mask) if inplace else input * mask
 
 

@@ -10,6 +10,7 @@ from compiled_autograd import random as _random
 from compiled_autograd.grad_mode import no_grad
 from compiled_autograd.nn import functional as F
 from compiled_autograd.tensor import Tensor
+from runtime import memory as _rt_memory
 
 
 class Parameter(Tensor):
@@ -20,6 +21,7 @@ class Parameter(Tensor):
     def __init__(self, data, requires_grad=True):
         arr = data._data if isinstance(data, Tensor) else np.asarray(data, dtype=np.float32)
         self._init(np.array(arr, order="C", copy=True))
+        _rt_memory.on_array(self._data, "Parameter", "parameter")
         self.requires_grad = requires_grad
 
     def __repr__(self):

@@ -1,0 +1,112 @@
+"""``ca.memory.profile()``: accounting of tensor storage during a block of code.
+
+    with ca.memory.profile() as prof:
+        loss = model(x); loss.backward()
+    prof.peak_bytes, prof.tracemalloc_peak_bytes, prof.timeline
+
+Every storage allocated inside the block is recorded with its bytes, category
+(parameter, activation, saved, recomputed, reloaded, gradient, temporary), the op or
+node that made it and a step index; so is its free. ``peak_bytes`` is the peak of
+live bytes allocated inside the block. ``tracemalloc_peak_bytes`` is an independent
+witness: numpy reports its buffers to tracemalloc, so its peak over the block (minus
+what was traced at the start) counts the same buffers plus small Python objects.
+"""
+from __future__ import annotations
+
+import tracemalloc
+from contextlib import nullcontext
+
+from compiled_autograd.grad_mode import is_grad_enabled
+from runtime import memory as _rt
+from runtime.memory import CATEGORIES, Event  # noqa: F401  (re-exported)
+
+
+def _default_category():
+    return "activation" if is_grad_enabled() else "temporary"
+
+
+_rt.set_default_category(_default_category)
+
+
+def category(name):
+    """Allocations inside are of category ``name`` (no-op when not profiling)."""
+    return _rt.category(name) if _rt.active() else nullcontext()
+
+
+def source(name):
+    return _rt.source(name) if _rt.active() else nullcontext()
+
+
+def retag_saved(arr):
+    """A storage saved for backward: activation -> saved."""
+    if _rt.active():
+        for tracker in _rt._trackers:
+            key = id(_rt._root(arr))
+            entry = tracker.live.get(key)
+            if entry is not None and entry[1] == "activation":
+                tracker.retag(arr, "saved")
+
+
+class profile:
+    """Context manager recording storage allocations and frees (see module doc)."""
+
+    def __init__(self, tracemalloc_witness=True):
+        self._witness = tracemalloc_witness
+        self._tracker = None
+        self.tracemalloc_peak_bytes = None
+
+    def __enter__(self):
+        if self._witness:
+            self._started_tracemalloc = not tracemalloc.is_tracing()
+            if self._started_tracemalloc:
+                tracemalloc.start()
+            self._traced_at_start = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+        self._tracker = _rt.start()
+        return self
+
+    def __exit__(self, *exc):
+        _rt.stop(self._tracker)
+        if self._witness:
+            self.tracemalloc_peak_bytes = tracemalloc.get_traced_memory()[1] - self._traced_at_start
+            if self._started_tracemalloc:
+                tracemalloc.stop()
+        return False
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak of live bytes of the storage allocated inside the block."""
+        return self._tracker.peak_bytes
+
+    @property
+    def peak_by_category(self) -> dict:
+        return dict(self._tracker.peak_by_category)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes allocated inside the block and still alive (now, or at exit)."""
+        return self._tracker.live_bytes
+
+    @property
+    def timeline(self) -> list:
+        """The events: ``Event(step, action, bytes, category, name, storage)``."""
+        return list(self._tracker.events)
+
+    @property
+    def max_by_category(self) -> dict:
+        """Each category's own maximum of live bytes."""
+        return dict(self._tracker.max_by_category)
+
+    def bytes_allocated(self, category=None) -> int:
+        return sum(e.bytes for e in self._tracker.events
+                   if e.action == "alloc" and (category is None or e.category == category))
+
+    def summary(self) -> str:
+        """A short text table: peak, and bytes allocated by category."""
+        lines = [f"peak {self.peak_bytes:,} bytes (tracemalloc peak "
+                 f"{self.tracemalloc_peak_bytes or 0:,})",
+                 f"{'category':<12} {'at the peak':>14} {'own maximum':>14}"]
+        for cat in CATEGORIES:
+            lines.append(f"{cat:<12} {self.peak_by_category.get(cat, 0):>14,} "
+                         f"{self.max_by_category.get(cat, 0):>14,}")
+        return "\n".join(lines)
