@@ -80,11 +80,27 @@ def _wants_grad(prim, args, out_dtype):
     return any(isinstance(a, Tensor) and a.requires_grad for a in args)
 
 
+# Selective checkpointing intercepts prim calls on Tensors: the innermost
+# interceptor computes (or hands back) the kernel's result.
+_interceptors: list = []
+
+
+def push_interceptor(fn) -> None:
+    _interceptors.append(fn)
+
+
+def pop_interceptor(fn) -> None:
+    _interceptors.remove(fn)
+
+
 def apply_prim(prim, args, params):
     """Run ``prim`` on Tensor (or scalar) arguments; record history if needed."""
     from compiled_autograd.tensor import Tensor
     arrays = [a._data if isinstance(a, Tensor) else a for a in args]
-    out = run_kernel(prim, arrays, params)
+    if _interceptors:
+        out = _interceptors[-1](prim, arrays, params)
+    else:
+        out = run_kernel(prim, arrays, params)
     if type(out) is not np.ndarray:
         out = np.asarray(out)
     source = args[0] if args and isinstance(args[0], Tensor) else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 from contextlib import nullcontext
 
 import numpy as np
@@ -71,10 +72,27 @@ def _make_root_grads(tensors, grad_tensors, create_graph):
     return roots
 
 
+_task_ids = itertools.count()
+_running = threading.local()
+
+
+def current_graph_task():
+    """The backward running on this thread (innermost), or None."""
+    stack = getattr(_running, "stack", None)
+    return stack[-1] if stack else None
+
+
+def current_graph_task_id() -> int:
+    """An id unique to the running backward; -1 outside a backward (torch's)."""
+    task = current_graph_task()
+    return -1 if task is None else task.id
+
+
 class GraphTask:
     """One backward run: dependencies, exec_info, captures, buffers."""
 
     def __init__(self, roots, keep_graph, create_graph):
+        self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
         self.dependencies = {}
@@ -215,6 +233,19 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
             push(fn)
     deps = task.dependencies
     accounting = _rt_memory.active()
+    stack = getattr(_running, "stack", None)
+    if stack is None:
+        stack = _running.stack = []
+    stack.append(task)
+    try:
+        _run(task, ready, push, buffers, captured, deps, accounting, keep_graph,
+             create_graph)
+    finally:
+        stack.pop()
+    return captured
+
+
+def _run(task, ready, push, buffers, captured, deps, accounting, keep_graph, create_graph):
     with set_grad_enabled(create_graph), (
             _rt_memory.category("gradient") if accounting else nullcontext()):
         while ready:
@@ -255,7 +286,6 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
                     buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
                 if remaining == 0:
                     push(nxt)
-    return captured
 
 
 def _needs_validation(fn) -> bool:

@@ -141,6 +141,19 @@ class SavedVariable:
         t._output_nr = self._output_nr
         return t
 
+    def unpack_input(self, context: str):
+        """A saved *input* (not an output) as a Tensor, outside any node."""
+        self.check(context)
+        if self.unpack_hook is not None:
+            value = self._call_unpack_hook()
+            if self._grad_fn is not None:
+                from compiled_autograd.tensor import Tensor
+                t = Tensor._make(value._data)
+                t._grad_fn, t._output_nr = self._grad_fn, self._output_nr
+                return t
+            return value
+        return self._tensor
+
     def release(self) -> None:
         self._tensor = self._data = None
         self.packed = self.unpack_hook = self._grad_fn = None

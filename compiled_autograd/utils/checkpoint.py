@@ -1,0 +1,10 @@
+"""ca.utils.checkpoint: activation checkpointing (see compiled_autograd/checkpoint.py)."""
+from compiled_autograd.checkpoint import (CheckpointError, CheckpointPolicy,
+                                         SelectiveCheckpointContext, checkpoint,
+                                         checkpoint_sequential,
+                                         create_selective_checkpoint_contexts,
+                                         set_checkpoint_early_stop)
+
+__all__ = ["checkpoint", "checkpoint_sequential", "CheckpointError", "CheckpointPolicy",
+           "SelectiveCheckpointContext", "create_selective_checkpoint_contexts",
+           "set_checkpoint_early_stop"]
