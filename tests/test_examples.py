@@ -116,3 +116,19 @@ def test_dropout_is_seeded_and_scaled():
     np.testing.assert_array_equal(ca.nn.functional.dropout(x, 0.5).numpy(), c.numpy())
     drop = ca.nn.Dropout(0.5).eval()
     assert drop(x) is x
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_checkpoint_and_offload_switches_keep_gradients_bitwise(name):
+    sizes = (dict(layers=2, d_model=32, seq=8, batch=2, vocab=50) if name == "transformer"
+             else dict(layers=4, width=16, batch=4))
+    reference = None
+    for mode in ("none", "layer", "sqrt", "selective"):
+        for offload in (False, True):
+            ex = build(name, checkpoint=mode, offload=offload, **sizes)
+            ex.loss().backward()
+            grads = [p.grad.numpy() for p in ex.parameters()]
+            if reference is None:
+                reference = grads
+            for a, b in zip(grads, reference):
+                np.testing.assert_array_equal(a, b, err_msg=f"{mode} offload={offload}")

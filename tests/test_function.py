@@ -198,3 +198,26 @@ def test_returning_an_input_and_no_grad():
     assert_close(x.grad.numpy(), [2.0, 2.0])
     with ca.no_grad():
         assert not Identity.apply(x).requires_grad or Identity.apply(x) is x
+
+
+def test_saved_tensor_hooks_apply_to_function_saves():
+    packed = []
+
+    class Square(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    x = ca.tensor([1.0, 3.0], requires_grad=True)
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or ("box", t),
+                                               lambda box: box[1]):
+        out = Square.apply(x)
+    assert len(packed) == 1 and packed[0] is x
+    out.sum().backward()
+    assert_close(x.grad.numpy(), [2.0, 6.0])

@@ -139,11 +139,30 @@ def test_save_on_disk_files_go_when_graph_is_freed(tmp_path):
 def test_save_on_disk_private_directory_and_bad_directory():
     with pytest.raises(RuntimeError, match="does not exist"):
         save_on_disk("/nonexistent/dir")
-    offload = save_on_disk()
     x = ca.randn(4, requires_grad=True)
-    with offload:
+    with save_on_disk() as offload:
         loss = x.exp().sum()
-    directory = offload._private_dir
+    directory = offload._private_dir.path
+    del offload  # the files in it keep the private directory alive
+    gc.collect()
     assert stat.S_IMODE(os.stat(directory).st_mode) & 0o077 == 0
     loss.backward()
-    assert os.listdir(directory) == []
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(x.detach().numpy()), rtol=1e-6)
+    del loss
+    gc.collect()
+    assert not os.path.exists(directory)  # removed with its last file
+
+
+def test_save_on_disk_files_go_after_a_failed_backward(tmp_path):
+    x = ca.randn(4, requires_grad=True)
+    h = x * 1
+    with save_on_disk(str(tmp_path)):
+        loss = (h.exp() * h).sum()
+    bad = h.sin()   # not offloaded; modified below so the backward fails up front
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + bad.sum()).backward()
+    assert _offload_files(tmp_path)  # the graph is intact: a fixed retry could still run
+    del loss, bad
+    gc.collect()
+    assert _offload_files(tmp_path) == []

@@ -22,14 +22,25 @@ from compiled_autograd.saved_hooks import (current_hooks, disable_saved_tensors_
 __all__ = ["saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_disk",
            "current_hooks"]
 
+class _PrivateDirectory:
+    """A private temporary directory, removed when nothing refers to it: neither
+    the save_on_disk context nor any file handle in it."""
+
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="ca-offload-")
+        weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
 class _OffloadedTensor:
     """A saved tensor living in a private file; the file is removed when this
     handle is freed (after the backward that used it, or with its graph)."""
 
-    __slots__ = ("path", "shape", "dtype", "nbytes", "_finalizer", "__weakref__")
+    __slots__ = ("path", "shape", "dtype", "nbytes", "directory", "_finalizer",
+                 "__weakref__")
 
-    def __init__(self, path, shape, dtype, nbytes):
+    def __init__(self, path, shape, dtype, nbytes, directory):
         self.path, self.shape, self.dtype, self.nbytes = path, shape, dtype, nbytes
+        self.directory = directory  # keeps a private directory alive
         self._finalizer = weakref.finalize(self, _remove, path)
 
     def __repr__(self):
@@ -61,21 +72,22 @@ class save_on_disk(saved_tensors_hooks):
 
     def _dir(self):
         if self.directory is not None:
-            return self.directory
+            return self.directory, None
         if self._private_dir is None:
-            self._private_dir = tempfile.mkdtemp(prefix="ca-offload-")
-            weakref.finalize(self, shutil.rmtree, self._private_dir, True)
-        return self._private_dir
+            self._private_dir = _PrivateDirectory()
+        return self._private_dir.path, self._private_dir
 
     def _pack(self, tensor):
-        fd, path = tempfile.mkstemp(suffix=".npy", dir=self._dir())
+        path_dir, keep_alive = self._dir()
+        fd, path = tempfile.mkstemp(suffix=".npy", dir=path_dir)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.save(f, tensor._data, allow_pickle=False)
         except BaseException:
             _remove(path)
             raise
-        return _OffloadedTensor(path, tensor.shape, tensor.dtype, tensor._data.nbytes)
+        return _OffloadedTensor(path, tensor.shape, tensor.dtype, tensor._data.nbytes,
+                                keep_alive)
 
     @staticmethod
     def _unpack(handle):

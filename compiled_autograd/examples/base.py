@@ -14,9 +14,14 @@ class Example:
     inputs: dict                  # name -> Tensor (fixed, seeded)
     forward: Callable             # (model, **inputs) -> scalar loss Tensor
     sizes: dict = field(default_factory=dict)
+    offload: bool = False         # save the forward's saved tensors to disk
 
     def loss(self):
         """Run the forward pass; returns the scalar loss."""
+        if self.offload:
+            from compiled_autograd.autograd.graph import save_on_disk
+            with save_on_disk():
+                return self.forward(self.model, **self.inputs)
         return self.forward(self.model, **self.inputs)
 
     def parameters(self):
@@ -27,3 +32,29 @@ class Example:
 
     def num_parameters(self) -> int:
         return int(sum(np.prod(p.shape) for p in self.parameters()))
+
+
+CHECKPOINT_MODES = ("none", "layer", "sqrt", "selective")
+
+
+def run_blocks(blocks, x, checkpoint="none"):
+    """Run ``blocks`` in sequence, checkpointed as ``checkpoint`` says: "layer" (one
+    checkpoint per block), "sqrt" (checkpoint_sequential with sqrt(n) segments),
+    "selective" (per block, keeping matmul outputs instead of recomputing them)."""
+    from compiled_autograd.utils.checkpoint import (checkpoint as ckpt, checkpoint_sequential,
+                                                    create_selective_checkpoint_contexts)
+    if checkpoint == "none":
+        for block in blocks:
+            x = block(x)
+        return x
+    if checkpoint == "layer":
+        for block in blocks:
+            x = ckpt(block, x)
+        return x
+    if checkpoint == "sqrt":
+        return checkpoint_sequential(list(blocks), max(1, round(len(blocks) ** 0.5)), x)
+    if checkpoint == "selective":
+        for block in blocks:
+            x = ckpt(block, x, context_fn=lambda: create_selective_checkpoint_contexts(["matmul"]))
+        return x
+    raise ValueError(f"checkpoint must be one of {CHECKPOINT_MODES}, got {checkpoint!r}")

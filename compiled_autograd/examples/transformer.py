@@ -7,7 +7,7 @@ import numpy as np
 
 import compiled_autograd as ca
 from compiled_autograd import nn
-from compiled_autograd.examples.base import Example
+from compiled_autograd.examples.base import CHECKPOINT_MODES, Example, run_blocks
 
 F = nn.functional
 
@@ -46,8 +46,11 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, layers, d_model, heads, seq, vocab):
+    def __init__(self, layers, d_model, heads, seq, vocab, checkpoint="none"):
         super().__init__()
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(f"checkpoint must be one of {CHECKPOINT_MODES}, got {checkpoint!r}")
+        self.checkpoint = checkpoint
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
         self.blocks = nn.Sequential(*[Block(d_model, heads) for _ in range(layers)])
@@ -60,7 +63,8 @@ class Transformer(nn.Module):
     def forward(self, tokens):
         b, s = tokens.shape
         x = self.tok(tokens) + self.pos(ca.arange(s))
-        return self.head(self.ln(self.blocks(x)))
+        x = run_blocks(list(self.blocks), x, self.checkpoint)
+        return self.head(self.ln(x))
 
 
 def _forward(model, tokens, targets):
@@ -70,18 +74,20 @@ def _forward(model, tokens, targets):
 
 
 def make_transformer(layers=4, d_model=128, heads=4, seq=64, batch=8, vocab=1000,
-                     seed=0) -> Example:
-    """The benchmark transformer (4 layers, d_model 128, 4 heads, seq 64, batch 8)."""
+                     seed=0, checkpoint="none", offload=False) -> Example:
+    """The benchmark transformer (4 layers, d_model 128, 4 heads, seq 64, batch 8).
+    ``checkpoint``: "none", "layer", "sqrt" or "selective" (per block);
+    ``offload``: save the forward's saved tensors to disk."""
     for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads),
                         ("seq", seq), ("batch", batch), ("vocab", vocab)):
         if value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
     ca.manual_seed(seed)
-    model = Transformer(layers, d_model, heads, seq, vocab)
+    model = Transformer(layers, d_model, heads, seq, vocab, checkpoint)
     rng = np.random.default_rng(seed + 1)
     data = rng.integers(0, vocab, size=(batch, seq + 1))
     tokens = ca.from_numpy(np.ascontiguousarray(data[:, :-1]))
     targets = ca.from_numpy(np.ascontiguousarray(data[:, 1:]))
     return Example("transformer", model, {"tokens": tokens, "targets": targets}, _forward,
                    dict(layers=layers, d_model=d_model, heads=heads, seq=seq, batch=batch,
-                        vocab=vocab))
+                        vocab=vocab, checkpoint=checkpoint, offload=offload), offload)
