@@ -205,87 +205,107 @@ def _call_function(task, fn, grads):
     return outputs
 
 
-def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
-    """Run a backward from ``roots`` [((node, input_nr), grad)]. With
-    ``input_edges``, returns the captured gradients at those edges."""
+def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
+    """The GraphTask of a backward from ``roots``, restricted to ``input_edges``."""
     task = GraphTask(roots, keep_graph, create_graph)
     if input_edges is not None:
         task.restrict_to(input_edges, execute_leaf_inputs=accumulate)
+    return task
+
+
+def walk(task, roots, visit, add=None):
+    """Visit the nodes in torch's order: AccumulateGrad first (all share the top
+    sequence number, so they go in push order), then the most recently created.
+
+    ``visit(fn, grads) -> outputs`` gets each node's summed input gradients once
+    its last dependency arrived; its outputs flow to ``fn.next_functions``. Shared
+    by the eager engine, the tracer's key collection and the tracer itself, so the
+    three see one order. ``add`` sums two gradients arriving at one input."""
+    add = add or ops.add
+    deps = dict(task.dependencies)
+    buffers = {}
+    for (fn, nr), g in roots:
+        buf = buffers.setdefault(fn, [None] * len(fn.input_metadata))
+        buf[nr] = g if buf[nr] is None else add(buf[nr], g)
+    ready, pushes = [], itertools.count()
+
+    def push(fn):
+        newest_first = -fn._sequence_nr if fn._priority else 0
+        heapq.heappush(ready, (fn._priority, newest_first, next(pushes), fn))
+
+    for fn in buffers:
+        if deps.get(fn, 0) == 0:
+            push(fn)
+    while ready:
+        fn = heapq.heappop(ready)[-1]
+        outputs = visit(fn, buffers.pop(fn))
+        for (nxt, nr), g in zip(fn.next_functions, outputs):
+            if nxt is None:
+                continue
+            remaining = deps[nxt] - 1
+            deps[nxt] = remaining
+            if task.exec_info is not None and not task.should_flow(nxt):
+                continue
+            buf = buffers.get(nxt)
+            if buf is None:
+                buf = buffers[nxt] = [None] * len(nxt.input_metadata)
+            if g is not None:
+                buf[nr] = g if buf[nr] is None else add(buf[nr], g)
+            if remaining == 0:
+                push(nxt)
+
+
+def capture(task, fn, grads, captured, run_tensor_hooks):
+    """Record the gradients arriving at captured edges (autograd.grad). As torch:
+    tensor hooks apply to a captured gradient; a node that runs calls them itself
+    (once), after the capture."""
+    if not task.will_run(fn) and _hooks.has_tensor_pre_hooks(fn):
+        grads = run_tensor_hooks(fn, grads)
+    for nr, g in enumerate(grads):
+        for idx in task.captures.get((fn, nr), ()):
+            captured[idx] = g
+    return grads
+
+
+def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
+    """Run a backward from ``roots`` [((node, input_nr), grad)]. With
+    ``input_edges``, returns the captured gradients at those edges."""
+    task = make_task(roots, keep_graph, create_graph, input_edges, accumulate)
     # Validate before anything runs: the errors below change nothing.
     for fn in task.nodes:
         if task.will_run(fn):
             fn.check_saved()
     captured = [None] * (len(input_edges) if input_edges is not None else 0)
-    buffers = {}
-    for (fn, nr), g in roots:
-        buf = buffers.setdefault(fn, [None] * len(fn.input_metadata))
-        buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
-    ready, pushes = [], itertools.count()
-
-    def push(fn):
-        # torch's order: AccumulateGrad first (all share the top sequence number,
-        # so they go in push order), then the most recently created node.
-        newest_first = -fn._sequence_nr if fn._priority else 0
-        heapq.heappush(ready, (fn._priority, newest_first, next(pushes), fn))
-
-    for fn in buffers:
-        if task.dependencies.get(fn, 0) == 0:
-            push(fn)
-    deps = task.dependencies
     accounting = _rt_memory.active()
+
+    def visit(fn, grads):
+        if task.captures:
+            grads = capture(task, fn, grads, captured, lambda f, gs: _hooks.run_tensor_pre_hooks(
+                f, gs, create_graph))
+        if not task.will_run(fn):
+            return (None,) * len(fn.next_functions)
+        if accounting:
+            with _rt_memory.source(fn.name()):
+                outputs = _call_function(task, fn, grads)
+        else:
+            outputs = _call_function(task, fn, grads)
+        if not keep_graph:
+            fn.release_variables()
+        if outputs and _needs_validation(fn):
+            outputs = _validate(fn, outputs)
+        return outputs
+
     stack = getattr(_running, "stack", None)
     if stack is None:
         stack = _running.stack = []
     stack.append(task)
     try:
-        _run(task, ready, push, buffers, captured, deps, accounting, keep_graph,
-             create_graph)
+        with set_grad_enabled(create_graph), (
+                _rt_memory.category("gradient") if accounting else nullcontext()):
+            walk(task, roots, visit)
     finally:
         stack.pop()
     return captured
-
-
-def _run(task, ready, push, buffers, captured, deps, accounting, keep_graph, create_graph):
-    with set_grad_enabled(create_graph), (
-            _rt_memory.category("gradient") if accounting else nullcontext()):
-        while ready:
-            fn = heapq.heappop(ready)[-1]
-            grads = buffers.pop(fn)
-            runs = task.will_run(fn)
-            if task.captures:
-                if not runs and _hooks.has_tensor_pre_hooks(fn):
-                    # As torch: tensor hooks apply to a captured gradient; a node that
-                    # runs calls them itself (once), after the capture.
-                    grads = _hooks.run_tensor_pre_hooks(fn, grads, create_graph)
-                for nr, g in enumerate(grads):
-                    for idx in task.captures.get((fn, nr), ()):
-                        captured[idx] = g
-            if not runs:
-                outputs = (None,) * len(fn.next_functions)
-            else:
-                if accounting:
-                    with _rt_memory.source(fn.name()):
-                        outputs = _call_function(task, fn, grads)
-                else:
-                    outputs = _call_function(task, fn, grads)
-                if not keep_graph:
-                    fn.release_variables()
-                if outputs and _needs_validation(fn):
-                    outputs = _validate(fn, outputs)
-            for (nxt, nr), g in zip(fn.next_functions, outputs):
-                if nxt is None:
-                    continue
-                remaining = deps[nxt] - 1
-                deps[nxt] = remaining
-                if task.exec_info is not None and not task.should_flow(nxt):
-                    continue
-                buf = buffers.get(nxt)
-                if buf is None:
-                    buf = buffers[nxt] = [None] * len(nxt.input_metadata)
-                if g is not None:
-                    buf[nr] = g if buf[nr] is None else ops.add(buf[nr], g)
-                if remaining == 0:
-                    push(nxt)
 
 
 def _needs_validation(fn) -> bool:
