@@ -14,6 +14,9 @@ from compiled_autograd.grad_mode import (enable_grad, is_grad_enabled, no_grad,
                                          set_grad_enabled)
 from compiled_autograd.random import get_rng_state, manual_seed, set_rng_state
 from compiled_autograd import autograd, memory, nn, utils  # noqa: E402
+from compiled_autograd.compiled import (compiled_autograd_stats, compiled_backward,  # noqa: E402
+                                        register_backend, reset_compiled_autograd,
+                                        trace_backward)
 
 float32 = _np.float32
 float64 = _np.float64
@@ -41,5 +44,6 @@ __all__ = [
     "Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like",
     "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed",
-    "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils",
+    "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils", "compiled_backward", "trace_backward",
+    "compiled_autograd_stats", "reset_compiled_autograd", "register_backend",
 ]

@@ -345,9 +345,11 @@ class _PrimCache:
     forward it keeps the outputs the policy saves; during recomputation it hands
     them back instead of computing them again."""
 
-    def __init__(self, policy, storage, recompute):
+    def __init__(self, policy, storage, recompute, allow_mutation=False):
         self.policy, self.storage, self.recompute = policy, storage, recompute
+        self.allow_mutation = allow_mutation
         self.ctx = SelectiveCheckpointContext(recompute)
+        self._pending = None  # the entry waiting for its result Tensor (observe)
 
     def __call__(self, prim, arrays, params):
         decision = self.policy(self.ctx, prim.name, *arrays, **params)
@@ -359,11 +361,27 @@ class _PrimCache:
             if not queue:
                 raise CheckpointError(f"selective checkpoint: no cached output left for "
                                       f"{prim.name} during recomputation")
-            return queue.pop(0)
+            entry = queue.pop(0)
+            counter, version = entry[1], entry[2]
+            if counter is not None and counter.value != version:
+                raise CheckpointError(
+                    "Tensor cached during selective activation checkpoint has been mutated "
+                    f"(an in-place op changed the output of {prim.name}); pass "
+                    "allow_cache_entry_mutation=True to cache a copy instead")
+            return entry[0]
         out = run_kernel(prim, arrays, params)
         if save:
-            self.storage[prim.name].append(out)
+            entry = [out.copy() if self.allow_mutation else out, None, 0]
+            self.storage[prim.name].append(entry)
+            self._pending = None if self.allow_mutation else entry
         return out
+
+    def observe(self, result):
+        """The Tensor wrapping the last kernel result: watch its version."""
+        if self._pending is not None:
+            self._pending[1] = result._version_counter
+            self._pending[2] = result._version_counter.value
+            self._pending = None
 
     def __enter__(self):
         dispatch.push_interceptor(self)
@@ -380,4 +398,5 @@ def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mu
     CheckpointPolicy; a list of prim names means "save those, recompute the rest"."""
     policy = _policy_from(policy_fn_or_list)
     storage = defaultdict(list)
-    return _PrimCache(policy, storage, False), _PrimCache(policy, storage, True)
+    return (_PrimCache(policy, storage, False, allow_cache_entry_mutation),
+            _PrimCache(policy, storage, True, allow_cache_entry_mutation))

@@ -1,40 +1,95 @@
 """The two objects of the compiled-autograd Node contract (PyTorch's names).
 
-``CompiledNodeArgs`` is what ``Node.compiled_args(args)`` writes into: everything the
-node's backward depends on, in a fixed order -- node type, non-tensor attributes,
-sizes, saved-tensor metadata -- which together form the cache key.
+``CompiledNodeArgs`` is what ``Node.compiled_args(args)`` writes into. It collects,
+node by node in walk order, (1) the *key* of the backward -- node types, non-tensor
+attributes, sizes, saved-tensor metadata, edges, hook kinds -- and (2) the *runtime
+values* the compiled graph will take in its boxed lists: saved arrays and leaf
+tensors (``inputs``), hook callables (``hooks``), packed data of saved-tensor hooks
+(``packed_data``). A cache hit needs only this collection: no tracing.
 
 ``SwapSavedVariables`` is what ``Node.apply_with_saved(grads, saved)`` reads from:
 ``before(sv)`` gives the value to use in place of a saved variable, ``after(sv)``
-ends that use, ``needs(node)`` says which input gradients to compute and
-``accumulate_grad`` receives a leaf's gradient. This base class swaps each saved
-variable for its own unpacked value, so ``apply_with_saved`` equals ``apply`` (the
-reference the tracer's proxy-swapping subclass is tested against).
+ends that use, ``needs(node)`` says which input gradients to compute. This base
+class swaps each saved variable for its own unpacked value, so ``apply_with_saved``
+equals ``apply``; the tracer's subclass swaps in graph proxies.
 """
 from __future__ import annotations
 
-from compiled_autograd.node import accumulate_into
-
 
 class CompiledNodeArgs:
-    """Collects, node by node in walk order, the key of a backward graph."""
+    """Key and runtime values of a backward, collected in walk order."""
 
     def __init__(self):
         self.key: list = []
-        self.saved: list = []   # SavedVariables, in collection order
+        self.saved: list = []            # SavedVariables, in collection order
+        self.inputs: list = []           # runtime values taken by getitem(inputs, i)
+        self.hooks: list = []            # hook callables
+        self.packed_data: list = []      # packed objects of saved-tensor hooks
+        self.sizes: list = []            # every collected size, flat
+        self.slot: dict = {}             # id(obj) -> where its runtime value sits
+        self.node_name = "backward"      # set by the walker, for error messages
+        self._node_ids: dict = {}
+
+    # ---------------------------------------------------------- key only
 
     def collect(self, value) -> None:
         """A non-tensor attribute (type, dims, scalars, flags, dtypes)."""
         self.key.append(value)
 
     def collect_sizes(self, shapes) -> None:
-        """Tensor sizes; the tracer may later make some of them dynamic."""
-        self.key.append(("sizes", tuple(None if s is None else tuple(s) for s in shapes)))
+        """Tensor sizes (the cache compares them to decide what becomes dynamic)."""
+        shapes = tuple(None if s is None else tuple(int(d) for d in s) for s in shapes)
+        self.key.append(("sizes", len(self.sizes), shapes))
+        for s in shapes:
+            if s is not None:
+                self.sizes.extend(s)
+
+    def node_id(self, node) -> int:
+        """A stable number for a node: its rank of first appearance in the walk."""
+        return self._node_ids.setdefault(node, len(self._node_ids))
+
+    def collect_edges(self, node) -> None:
+        self.key.append(("edges", tuple(
+            None if fn is None else (self.node_id(fn), nr) for fn, nr in node.next_functions)))
+
+    # ---------------------------------------------------------- runtime values
+
+    def _input(self, obj, value) -> int:
+        self.slot[id(obj)] = ("inputs", len(self.inputs))
+        self.inputs.append(value)
+        return len(self.inputs) - 1
 
     def collect_saved(self, sv) -> None:
-        """A saved variable: its metadata is part of the key, its value is not."""
-        self.key.append(("saved", tuple(sv.shape), sv.dtype.str))
+        """A saved variable: its metadata is part of the key, its value is a runtime
+        input -- an array, or (under saved-tensor hooks) its unpack hook and packed
+        data. Checked here (freed? modified in place?) as eager checks up front."""
+        sv.check(self.node_name)
+        hooked = sv.unpack_hook is not None
+        self.key.append(("saved", tuple(sv.shape), sv.dtype.str, hooked))
         self.saved.append(sv)
+        if hooked:
+            self.slot[id(sv)] = ("hooked", len(self.hooks), len(self.packed_data))
+            self.hooks.append(sv.unpack_hook)
+            self.packed_data.append(sv.packed)
+        else:
+            self._input(sv, sv.unpack_array(self.node_name))
+
+    def collect_leaf(self, variable) -> None:
+        """The leaf Tensor an AccumulateGrad writes into."""
+        self.key.append(("leaf", tuple(variable.shape), variable.dtype.str))
+        self._input(variable, variable)
+
+    def collect_tensor(self, tensor) -> None:
+        """A Tensor a node's backward reads that is not a saved variable (a custom
+        Function's ctx attribute)."""
+        self.key.append(("tensor", tuple(tensor.shape), tensor.dtype.str))
+        self._input(tensor, tensor._data)
+
+    def collect_hook(self, kind, nr, hook) -> None:
+        """A user hook: its kind and position are the key; the callable is an input."""
+        self.key.append(("hook", kind, nr))
+        self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
+        self.hooks.append(hook)
 
     def freeze(self) -> tuple:
         return tuple(self.key)
@@ -52,6 +107,10 @@ class SwapSavedVariables:
     def after(self, sv) -> None:
         pass
 
+    def lifted(self, tensor):
+        """The value to use for a Tensor attribute of a node (see collect_tensor)."""
+        return tensor
+
     def needs(self, node):
         return self._needs if self._needs is not None else node.static_needs()
 
@@ -59,4 +118,5 @@ class SwapSavedVariables:
         return type(self)(needs)
 
     def accumulate_grad(self, variable, grad) -> None:
+        from compiled_autograd.node import accumulate_into
         accumulate_into(variable, grad)

@@ -115,6 +115,8 @@ def apply_prim(prim, args, params):
     if _wants_grad(prim, args, out.dtype):
         edges = [gradient_edge(a) if isinstance(a, Tensor) else (None, 0) for a in args]
         _attach(_make_node(prim, args, params, edges, (result.shape, result.dtype)), result)
+    if _interceptors:
+        _interceptors[-1].observe(result)
     return result
 
 
@@ -220,9 +222,12 @@ def _rebase_history(node, target):
         probe._grad_fn = node
         probe._version_counter = target._version_counter
         _save_output(node, probe)
+        old_base_fn, old_base_nr = base._grad_fn, base._output_nr
         base._grad_fn = CopySlices(gradient_edge(base), (base.shape, base.dtype),
                                    view_geometry(target, base), node)
         base._output_nr = 0
+        if base._retains_grad:
+            move_retain_grad(base, old_base_fn, old_base_nr)
         target._regenerate_view_grad_fn()
     if target._retains_grad:
         move_retain_grad(target, old_fn, old_nr)

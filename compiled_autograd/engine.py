@@ -313,6 +313,21 @@ def _needs_validation(fn) -> bool:
     return getattr(fn, "user_code", False) or bool(fn.__dict__.get("_post_hooks"))
 
 
+def _compiled_options(create_graph):
+    """The active ``ca.compiled_backward`` options, or None for eager autograd."""
+    from compiled_autograd.compiled import current_options
+    options = current_options()
+    if options is not None and create_graph:
+        raise RuntimeError("compiled autograd: create_graph=True is not supported yet; run "
+                           "this backward outside ca.compiled_backward()")
+    return options
+
+
+def compiled_run(*args, **kwargs):
+    from compiled_autograd.compiled import run
+    return run(*args, **kwargs)
+
+
 def _edges_of(inputs, what):
     from compiled_autograd.tensor import Tensor
     edges = []
@@ -341,19 +356,26 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     grad_tensors = _as_list(grad_tensors)
     if retain_graph is None:
         retain_graph = create_graph
+    compiled = _compiled_options(create_graph)
     roots = _make_root_grads(tensors, grad_tensors, create_graph)
     if inputs is None:
-        execute(roots, retain_graph, create_graph)
+        if compiled is not None:
+            compiled_run(roots, retain_graph, options=compiled)
+        else:
+            execute(roots, retain_graph, create_graph)
         return
     inputs = _as_list(inputs)
     if not inputs:
         raise RuntimeError("'inputs' argument to backward() cannot be empty.")
     edges = _edges_of(inputs, "inputs")
-    captured = execute(roots, retain_graph, create_graph, edges, accumulate=True)
-    # Non-leaf inputs: their gradient is accumulated into .grad like retain_grad.
-    for t, g in zip(inputs, captured):
-        if not t.is_leaf and g is not None:
-            accumulate_into(t, g)
+    # As torch: a non-leaf input retains its gradient (after its tensor hooks).
+    for t in inputs:
+        if not t.is_leaf and not t.retains_grad:
+            t.retain_grad()
+    if compiled is not None:
+        compiled_run(roots, retain_graph, edges, accumulate=True, options=compiled)
+    else:
+        execute(roots, retain_graph, create_graph, edges, accumulate=True)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
@@ -365,9 +387,13 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     grad_outputs = _as_list(grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph
+    compiled = _compiled_options(create_graph)
     roots = _make_root_grads(outputs, grad_outputs, create_graph)
     edges = _edges_of(inputs, "inputs")
-    captured = execute(roots, retain_graph, create_graph, edges, accumulate=False)
+    if compiled is not None:
+        captured = compiled_run(roots, retain_graph, edges, accumulate=False, options=compiled)
+    else:
+        captured = execute(roots, retain_graph, create_graph, edges, accumulate=False)
     result = []
     for t, g in zip(inputs, captured):
         if g is None:
@@ -377,5 +403,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                    "the desired behavior.")
             result.append(None)
         else:
-            result.append(g if isinstance(g, Tensor) else Tensor._make(np.array(g, copy=True)))
+            if not isinstance(g, Tensor):
+                g = np.array(g, copy=True)
+                _rt_memory.on_array(g, "autograd.grad")
+                g = Tensor._make(g)
+            result.append(g)
     return tuple(result)

@@ -9,12 +9,16 @@ Function class, made when the class is defined.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from compiled_autograd.dispatch import gradient_edge
 from compiled_autograd.grad_mode import is_grad_enabled, no_grad
 from compiled_autograd.node import Node
 from compiled_autograd.saved_variable import SavedVariable
+from runtime import memory
+from runtime.memory import on_array
 
 # Attributes of the node itself; anything else on ctx is the user's.
 _NODE_ATTRS = {"next_functions", "input_metadata", "needs_input_grad", "materialize_grads",
@@ -72,6 +76,7 @@ class FunctionBackward(Node):
         for g, meta in zip(grads, self.input_metadata):
             if g is None and self.materialize_grads and meta is not None:
                 g = np.zeros(*meta)
+                on_array(g, "materialized_grad")
             out.append(g if g is None or isinstance(g, Tensor) else Tensor._make(g))
         return out
 
@@ -85,7 +90,11 @@ class FunctionBackward(Node):
             raise RuntimeError(f"function {self.name()} returned an incorrect number of "
                                f"gradients (expected {n}, got {len(result)})")
         out = []
-        for (fn, _), r in zip(self.next_functions, result[:n]):
+        for i, ((fn, _), r) in enumerate(zip(self.next_functions, result[:n])):
+            if r is not None and not self._tensor_inputs[i]:
+                raise RuntimeError(f"function {self.name()} returned a gradient different than "
+                                   f"None at position {i + 1}, but the corresponding forward "
+                                   "input was not a Variable")
             if fn is None or r is None:
                 out.append(None)
                 continue
@@ -106,24 +115,35 @@ class FunctionBackward(Node):
         args.collect(self.needs_input_grad)
         args.collect(self.materialize_grads)
         args.collect_sizes([None if m is None else m[0] for m in self.input_metadata])
-        for key, value in sorted(self.__dict__.items()):
-            if key.startswith("_") or key in _NODE_ATTRS:
-                continue
-            if isinstance(value, (int, float, str, bool, tuple, type(None))):
-                args.collect((key, value))
+        from compiled_autograd.tensor import Tensor
+        for key, value in self._user_attrs():
+            if isinstance(value, Tensor):
+                args.collect((key, "Tensor"))
+                args.collect_tensor(value)  # a runtime input, like a saved tensor
+            elif isinstance(value, (int, float, str, bool, tuple, type(None))):
+                args.collect((key, value))  # a constant of the traced backward
             else:
-                args.collect((key, type(value).__name__))
+                args.collect((key, type(value).__name__, id(value)))
         for sv in self.saved_variables():
             args.collect_saved(sv)
 
+    def _user_attrs(self):
+        return sorted((k, v) for k, v in self.__dict__.items()
+                      if not k.startswith("_") and k not in _NODE_ATTRS)
+
     def apply_with_saved(self, grads, saved):
+        from compiled_autograd.tensor import Tensor
         self._swapped = tuple(None if sv is None else saved.before(sv)
                               for sv in (self._saved or ()))
+        tensors = {k: v for k, v in self._user_attrs() if isinstance(v, Tensor)}
+        for k, v in tensors.items():
+            setattr(self, k, saved.lifted(v))
         try:
             result = self._forward_cls.backward(self, *self._grads_in(grads))
             return self._grads_out(result, keep_tensors=True)
         finally:
             self._swapped = None
+            self.__dict__.update(tensors)
             for sv in self.saved_variables():
                 saved.after(sv)
 
@@ -156,7 +176,10 @@ class Function(metaclass=_FunctionMeta):
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx = cls._backward_cls.__new__(cls._backward_cls)
         ctx._start(needs)
-        with no_grad():
+        ctx._tensor_inputs = tuple(isinstance(a, Tensor) for a in args)
+        # The forward records no history, but its outputs are activations.
+        with memory.category("activation") if is_grad_enabled() and memory.active() \
+                else contextlib.nullcontext(), no_grad():
             outputs = cls.forward(ctx, *args, **kwargs)
         if not (is_grad_enabled() and any(needs)):
             return outputs
@@ -175,7 +198,9 @@ class Function(metaclass=_FunctionMeta):
                 if id(outs[i]) not in ctx._non_differentiable and o.dtype.kind in "fc":
                     o._grad_fn, o._output_nr = ctx, i
             wrapped.append(o)
-        produced = {id(o): w for o, w in zip(outs, wrapped) if isinstance(o, Tensor)}
+        # An input returned as-is and saved is saved as the input it is.
+        produced = {id(o): w for o, w in zip(outs, wrapped)
+                    if isinstance(o, Tensor) and id(o) not in inputs}
         ctx._saved = tuple(_save(t, produced, ctx) for t in ctx._to_save)
         ctx._to_save = ()
         return wrapped[0] if single else tuple(wrapped)

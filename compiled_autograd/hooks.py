@@ -140,10 +140,20 @@ def _unwrap(result, like, hook, create_graph):
     if not isinstance(result, Tensor):
         raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
                         "expected a Tensor or None")
-    if like is not None and tuple(result.shape) != tuple(like.shape):
+    _check_hook_result(result, like, hook)
+    return result if create_graph else result._data
+
+
+def _check_hook_result(result, like, hook):
+    from compiled_autograd.saved_variable import type_name
+    if like is None:
+        return
+    if tuple(result.shape) != tuple(like.shape):
         raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value: "
                            f"expected {list(like.shape)}, got {list(result.shape)}")
-    return result if create_graph else result._data
+    if result.dtype != like.dtype:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the type of value (was "
+                           f"{type_name(like.dtype)} got {type_name(result.dtype)})")
 
 
 def run_pre_hooks(fn, grads, create_graph):
@@ -191,19 +201,23 @@ def run_node_pre_hooks(fn, grads, create_graph):
 
 def _retain(t, g):
     from compiled_autograd.tensor import Tensor
-    if isinstance(g, Tensor):
-        t.grad = g if t.grad is None else t.grad + g
-    elif t.grad is None:
-        t.grad = Tensor._make(g.copy())
-    else:
-        t.grad = Tensor._make(t.grad._data + g)
+    from runtime.memory import on_array
+    from runtime.prims import ops
+    if isinstance(g, Tensor):  # create_graph: a differentiable copy, never an alias
+        t.grad = ops.copy(g) if t.grad is None else t.grad + g
+        return
+    stored = g.copy() if t.grad is None else t.grad._data + g
+    on_array(stored, "retain_grad")
+    t.grad = Tensor._make(stored)
 
 
 def run_post_accumulate_grad_hooks(variable):
     hooks = variable._post_accumulate_grad_hooks
     if hooks:
         for hook in list(hooks.values()):
-            hook(variable)
+            if hook(variable) is not None:
+                raise RuntimeError("post accumulate grad hooks cannot return a value; "
+                                   f"hook '{_hook_name(hook)}' returned one")
 
 
 def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph):

@@ -206,8 +206,7 @@ class AccumulateGrad(Node):
 
     def compiled_args(self, args) -> None:
         args.collect(type(self))
-        args.collect_sizes((self.variable.shape,))
-        args.collect(self.variable.dtype)
+        args.collect_leaf(self.variable)
 
     def apply_with_saved(self, grads, saved):
         saved.accumulate_grad(self.variable, grads[0])

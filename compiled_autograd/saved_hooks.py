@@ -47,6 +47,8 @@ class disable_saved_tensors_hooks:
         self.error_message = error_message
 
     def __enter__(self):
+        if current_hooks() is not None:
+            raise RuntimeError(self.error_message)  # as torch: hooks already active
         self._prev = getattr(_state, "disabled", None)
         _state.disabled = self.error_message
         return self

@@ -38,14 +38,14 @@ class SavedVariable:
 
     __slots__ = ("_tensor", "_data", "_version_counter", "saved_version", "is_output",
                  "_requires_grad", "_output_nr", "_grad_fn_name", "released", "shape",
-                 "dtype", "packed", "unpack_hook", "_grad_fn")
+                 "dtype", "packed", "unpack_hook", "_grad_fn", "_leaf")
 
     def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
         hooks = current_hooks()
         if hooks is not None:
             self._init_hooked(tensor, is_output, hooks)
             return
-        self.packed = self.unpack_hook = None
+        self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
         if _rt_memory._trackers:
             retag_saved(tensor._data)
         self._version_counter = tensor._version_counter
@@ -73,8 +73,12 @@ class SavedVariable:
         self.released = False
         self._output_nr = tensor._output_nr
         # The edge to restore on unpack; an output's grad_fn is the owner node
-        # (given at unpack), so only an input's is kept (no reference cycle).
+        # (given at unpack), so only an input's is kept (no reference cycle). A
+        # leaf that requires grad is kept itself: its AccumulateGrad is fetched at
+        # unpack (leaves are normally alive anyway: parameters, user inputs).
         self._grad_fn = None if is_output else tensor._grad_fn
+        self._leaf = tensor if (not is_output and tensor._grad_fn is None
+                                and tensor._requires_grad) else None
         self._tensor = self._data = None
         self._version_counter = None
         self.packed = pack(tensor)  # once per save
@@ -127,7 +131,7 @@ class SavedVariable:
         from compiled_autograd.tensor import Tensor
         if self.unpack_hook is not None:
             value = self._call_unpack_hook()
-            grad_fn = owner if self.is_output else self._grad_fn
+            grad_fn = owner if self.is_output else self._edge_fn()
             if grad_fn is None:
                 return value
             t = Tensor._make(value._data)
@@ -141,20 +145,28 @@ class SavedVariable:
         t._output_nr = self._output_nr
         return t
 
+    def _edge_fn(self):
+        """The node gradients of the unpacked value flow to (under hooks)."""
+        if self._leaf is not None:
+            from compiled_autograd.node import grad_accumulator
+            return grad_accumulator(self._leaf)
+        return self._grad_fn
+
     def unpack_input(self, context: str):
         """A saved *input* (not an output) as a Tensor, outside any node."""
         self.check(context)
         if self.unpack_hook is not None:
             value = self._call_unpack_hook()
-            if self._grad_fn is not None:
+            grad_fn = self._edge_fn()
+            if grad_fn is not None:
                 from compiled_autograd.tensor import Tensor
                 t = Tensor._make(value._data)
-                t._grad_fn, t._output_nr = self._grad_fn, self._output_nr
+                t._grad_fn, t._output_nr = grad_fn, self._output_nr
                 return t
             return value
         return self._tensor
 
     def release(self) -> None:
         self._tensor = self._data = None
-        self.packed = self.unpack_hook = self._grad_fn = None
+        self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
         self.released = True

@@ -29,6 +29,7 @@ class Tensor:
                  "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "__weakref__")
 
     __prim_call__ = staticmethod(dispatch.apply_prim)
+    __prim_priority__ = 1
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False, dtype=None):

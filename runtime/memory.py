@@ -125,7 +125,7 @@ class MemoryTracker:
             self.peak_bytes = self.live_bytes
             self.peak_step = self.step
             self.peak_by_category = dict(self.by_category)
-        weakref.finalize(root, self._free, key, name)
+        weakref.finalize(root, _free_later, weakref.ref(self), key, name)
 
     def _free(self, key, name):
         entry = self.live.pop(key, None)
@@ -150,6 +150,12 @@ class MemoryTracker:
 
     def close(self):
         self._closed = True
+
+
+def _free_later(tracker_ref, key, name):
+    tracker = tracker_ref()  # a finished profile may be gone: then nothing to record
+    if tracker is not None:
+        tracker._free(key, name)
 
 
 def start() -> MemoryTracker:

@@ -64,10 +64,16 @@ class Prim:
         self.doc = kernel.__doc__
 
     def __call__(self, *args, **params):
+        # The argument type with the highest __prim_priority__ handles the call (a
+        # tracing proxy outranks a Tensor, which outranks an ndarray).
+        handler, best = None, 0
         for a in args:
-            handler = getattr(type(a), "__prim_call__", None)
-            if handler is not None:
-                return handler(self, args, params)
+            t = type(a)
+            h = getattr(t, "__prim_call__", None)
+            if h is not None and t.__prim_priority__ > best:
+                handler, best = h, t.__prim_priority__
+        if handler is not None:
+            return handler(self, args, params)
         out = self.kernel(*args, **params)
         if _kernel_hook is not None:
             _kernel_hook(self, out, args)

@@ -1,0 +1,262 @@
+"""Compiled autograd: entry points, the cache, stats, logging and the backend registry.
+
+``with ca.compiled_backward(backend="eager"):`` routes ``.backward()`` and
+``ca.autograd.grad`` through ``run``: collect the compiled args of the autograd
+graph (the key and the runtime values), look the key up, trace and compile on a
+miss, then call the compiled graph with the boxed lists. ``ca.trace_backward`` traces
+without running anything.
+
+Backends resolve by name through ``BACKENDS`` ("eager" is the reference
+interpreter; code generators register theirs by module path, so this layer never
+imports them) or are a user callable ``compiler_fn(graph) -> callable``.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiled_autograd import engine, passes, tracer
+from compiled_autograd.interpreter import Interpreter
+
+log = logging.getLogger("compiled_autograd")
+
+# name -> "module:function" or a compiler callable(graph) -> callable
+BACKENDS: dict = {"eager": Interpreter}
+
+
+def register_backend(name: str, compiler) -> None:
+    """Register ``compiler(graph) -> callable`` (or a "module:function" path)."""
+    BACKENDS[name] = compiler
+
+
+def resolve_backend(backend):
+    if callable(backend):
+        return backend
+    try:
+        compiler = BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown compiled autograd backend {backend!r}; "
+                         f"available: {sorted(BACKENDS)}") from None
+    if isinstance(compiler, str):
+        module, _, attr = compiler.partition(":")
+        compiler = BACKENDS[backend] = getattr(importlib.import_module(module), attr)
+    return compiler
+
+
+# ---------------------------------------------------------------- stats, logging
+
+_stats = {"captures": 0, "compiles": 0, "cache_hits": 0, "compile_seconds": 0.0}
+
+
+def compiled_autograd_stats() -> dict:
+    """captures (graphs traced), compiles (backend compilations), cache_hits,
+    compile_seconds (time spent tracing and compiling)."""
+    return dict(_stats)
+
+
+def _log_flags():
+    return {f.strip() for f in os.environ.get("CA_LOGS", "").split(",") if f.strip()}
+
+
+def _log(kind, message):
+    flags = _log_flags()
+    if kind in flags or (kind == "graph" and "verbose" in flags):
+        log.info(message)
+
+
+# ---------------------------------------------------------------- the cache
+
+
+@dataclass
+class CompiledBackward:
+    """A traced backward: its graph and the compiled callable."""
+    graph: object
+    fn: object
+    constants: list
+    key: tuple
+    unpack: str
+
+    def print_tabular(self):
+        """Print opcode | name | target | args | shape | bytes, one row per node."""
+        print(self.graph.tabular())
+
+    def to_dot(self) -> str:
+        return self.graph.to_dot()
+
+    def to_json(self) -> str:
+        return self.graph.to_json()
+
+    def __str__(self):
+        return str(self.graph)
+
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def reset_compiled_autograd() -> None:
+    """Drop the cache and zero the stats."""
+    with _cache_lock:
+        _cache.clear()
+        for k in _stats:
+            _stats[k] = 0 if k != "compile_seconds" else 0.0
+
+
+def _miss_reason(key, collected_key):
+    """Why the cache missed: the first item of the key no cached key shares."""
+    best, best_len = None, -1
+    for other in _cache:
+        n = 0
+        for a, b in zip(other[1], collected_key):
+            if a != b:
+                break
+            n += 1
+        if n > best_len:
+            best, best_len = other, n
+    if best is None:
+        return "cache miss: empty cache"
+    # Name the autograd node whose collected args differ.
+    call = sum(1 for item in collected_key[:best_len + 1]
+               if isinstance(item, tuple) and item and item[0] == "node") - 1
+    item = collected_key[best_len] if best_len < len(collected_key) else None
+    node_type = next((k for k in reversed(collected_key[:best_len + 1]) if isinstance(k, type)),
+                     None)
+    if isinstance(item, type):
+        return f"cache miss: new autograd node {item.__name__} (NodeCall {call})"
+    what = node_type.__name__ if node_type else "graph"
+    if isinstance(item, tuple) and item and item[0] == "sizes":
+        return f"cache miss: sizes of {what} changed (NodeCall {call})"
+    return f"cache miss: changed {what} args {item!r} (NodeCall {call})"
+
+
+# ---------------------------------------------------------------- options
+
+
+_options = threading.local()
+
+
+def current_options():
+    """The innermost compiled_backward's options, or None (eager autograd)."""
+    stack = getattr(_options, "stack", None)
+    return stack[-1] if stack else None
+
+
+class compiled_backward:
+    """Context manager: ``.backward()`` and ``autograd.grad`` inside run through
+    compiled autograd with ``backend`` ("eager" | a registered name | a callable)."""
+
+    def __init__(self, backend="eager", dynamic=False, unpack="progressive"):
+        if unpack not in ("progressive", "upfront"):
+            raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
+        if dynamic:
+            raise NotImplementedError("compiled autograd: dynamic=True is not supported yet; "
+                                      "sizes are static (a new size recompiles)")
+        self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
+        self.compiler = resolve_backend(backend)
+
+    def __enter__(self):
+        stack = getattr(_options, "stack", None)
+        if stack is None:
+            stack = _options.stack = []
+        stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _options.stack.pop()
+        return False
+
+
+# ---------------------------------------------------------------- running
+
+
+def _prepare(roots, input_edges, accumulate, unpack):
+    task = engine.make_task(roots, keep_graph=True, create_graph=False,
+                            input_edges=input_edges, accumulate=accumulate)
+    collected = tracer.collect(task, roots)
+    key = (unpack, collected.freeze())
+    return task, collected, key
+
+
+def _compile(task, roots, collected, key, unpack, compiler, n_captures):
+    start = time.perf_counter()
+    traced = tracer.trace(task, roots, collected, n_captures)
+    graph = traced.graph
+    passes.eliminate_dead_code(graph)
+    passes.place_reads(graph, unpack)
+    _stats["captures"] += 1
+    fn = compiler(graph)
+    _stats["compiles"] += 1
+    _stats["compile_seconds"] += time.perf_counter() - start
+    _log("graph", f"compiled autograd graph {_stats['captures']}:\n{graph}")
+    return CompiledBackward(graph, fn, traced.constants, key, unpack)
+
+
+def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
+    """Run a backward through compiled autograd. Returns the captured gradients
+    (arrays) at ``input_edges``."""
+    options = options or current_options()
+    task, collected, key = _prepare(roots, input_edges, accumulate, options.unpack)
+    cache_key = (id(options.compiler), key)
+    entry = _cache.get(cache_key)
+    if entry is None:
+        if "verbose" in _log_flags():
+            log.info(_miss_reason(cache_key, key[1]))
+        entry = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
+                         len(input_edges or ()))
+        with _cache_lock:
+            _cache[cache_key] = entry
+    else:
+        _stats["cache_hits"] += 1
+    if not retain_graph:
+        # The boxed lists become the only owners of the saved values.
+        for fn in task.nodes:
+            if task.will_run(fn):
+                fn.release_variables()
+    stack = getattr(engine._running, "stack", None)
+    if stack is None:
+        stack = engine._running.stack = []
+    stack.append(task)
+    try:
+        from runtime import memory
+        with memory.category("gradient") if memory.active() else _null():
+            out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
+                           list(collected.sizes), [], collected.hooks, collected.packed_data)
+    finally:
+        stack.pop()
+    return list(out) if out is not None else []
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
+    """Trace the backward of ``loss`` into a graph; runs nothing and frees nothing."""
+    from compiled_autograd.tensor import Tensor
+    outputs = [loss] if isinstance(loss, Tensor) else list(loss)
+    grads = None if grad_outputs is None else (
+        [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs))
+    roots = engine._make_root_grads(outputs, grads, create_graph=False)
+    input_edges = None
+    if inputs is not None:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        input_edges = engine._edges_of(inputs, "inputs")
+    task, collected, key = _prepare(roots, input_edges, accumulate=inputs is None, unpack=unpack)
+    traced = tracer.trace(task, roots, collected, len(input_edges or ()))
+    passes.eliminate_dead_code(traced.graph)
+    passes.place_reads(traced.graph, unpack)
+    return CompiledBackward(traced.graph, None, traced.constants, key, unpack)
+
+
+def _as_arrays(values):
+    return [None if v is None else np.asarray(v) for v in values]

@@ -1,0 +1,80 @@
+"""What a ``call_hook`` node does at run time, one function per hook kind.
+
+A compiled backward carries arrays; user hooks see Tensors, as in eager. These
+functions wrap, call, check and unwrap; the interpreter and the generated code both
+call them (``CALL_HOOK[kind]``).
+"""
+from __future__ import annotations
+
+from compiled_autograd.hooks import _check_hook_result, _hook_name
+from compiled_autograd.node import accumulate_into
+
+
+def _tensor(a):
+    from compiled_autograd.tensor import Tensor
+    return None if a is None else Tensor._make(a)
+
+
+def _array(result, like, hook):
+    from compiled_autograd.tensor import Tensor
+    if not isinstance(result, Tensor):
+        raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
+                        "expected a Tensor or None")
+    _check_hook_result(result, like, hook)
+    return result._data
+
+
+def unpack_hook(hook, packed):
+    """A saved value under saved-tensor hooks: recompute, reload, ..."""
+    from compiled_autograd.tensor import Tensor
+    value = hook(packed)
+    if not isinstance(value, Tensor):
+        raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but got "
+                        f"result of type {type(value).__name__}")
+    return value._data
+
+
+def tensor_pre_hook(hook, grad):
+    """A hook registered on a tensor: may replace its gradient."""
+    result = hook(_tensor(grad))
+    return grad if result is None else _array(result, grad, hook)
+
+
+def pre_hook(hook, *grads):
+    """A node pre-hook: may replace the node's incoming gradients."""
+    result = hook(tuple(_tensor(g) for g in grads))
+    if result is None:
+        return grads
+    if len(result) != len(grads):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
+                           f"expected {len(grads)}")
+    return tuple(None if r is None else _array(r, g, hook) for r, g in zip(result, grads))
+
+
+def post_hook(hook, n_inputs, *grads):
+    """A node post-hook ``hook(grad_inputs, grad_outputs)``: may replace grad_inputs."""
+    grad_inputs, grad_outputs = grads[:n_inputs], grads[n_inputs:]
+    result = hook(tuple(_tensor(g) for g in grad_inputs),
+                  tuple(_tensor(g) for g in grad_outputs))
+    if result is None:
+        return tuple(grad_inputs)
+    if len(result) != len(grad_inputs):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
+                           f"expected {len(grad_inputs)}")
+    return tuple(None if r is None else _array(r, g, hook)
+                 for r, g in zip(result, grad_inputs))
+
+
+def post_acc_grad_hook(hook, variable):
+    if hook(variable) is not None:
+        raise RuntimeError("post accumulate grad hooks cannot return a value; "
+                           f"hook '{_hook_name(hook)}' returned one")
+
+
+def accumulate_grad(variable, grad):
+    accumulate_into(variable, grad)
+
+
+CALL_HOOK = {"unpack_hook": unpack_hook, "tensor_pre_hook": tensor_pre_hook,
+             "pre_hook": pre_hook, "post_hook": post_hook,
+             "post_acc_grad_hook": post_acc_grad_hook, "accumulate_grad": accumulate_grad}

@@ -1,0 +1,357 @@
+"""The tracer: records a whole backward as one graph.
+
+1. ``collect``: walk the autograd graph in the eager engine's order (``engine.walk``)
+   and let every node write its ``compiled_args``, plus its hooks and edges, into a
+   ``CompiledNodeArgs``: the cache key and the runtime values.
+2. ``trace`` (on a cache miss): walk again, now with ``Proxy`` gradients: each node's
+   ``apply_with_saved`` runs its ordinary derivative formula, whose prim calls land
+   in the graph; saved values come from ``getitem(inputs, i)`` or, under
+   saved-tensor hooks, from a ``call_hook(unpack_hook)`` node; hooks and gradient
+   accumulation become ``call_hook`` nodes, in the order eager runs them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd import engine
+from compiled_autograd import hooks as _hooks
+from compiled_autograd.compiled_args import CompiledNodeArgs, SwapSavedVariables
+from compiled_autograd.graph import BOXED, Graph
+from compiled_autograd.node import AccumulateGrad
+from compiled_autograd.tensor import Tensor, VersionCounter
+
+
+class Proxy(Tensor):
+    """A Tensor standing for a graph value while tracing. Prims called on it record
+    graph nodes; reading its values is an error (there are none yet)."""
+
+    __slots__ = ("node", "tracer")
+    __prim_priority__ = 2
+
+    def __init__(self, tracer, node):
+        self.node, self.tracer = node, tracer
+        self._requires_grad = False
+        self._grad_fn = None
+        self._output_nr = 0
+        self._version_counter = VersionCounter()
+        self._base = None
+        self._view_version = 0
+        self.grad = None
+        self._grad_acc_ref = None
+        self._retains_grad = False
+        self._backward_hooks = None
+        self._post_accumulate_grad_hooks = None
+        self._creation = None
+
+    @property
+    def _data(self):
+        raise RuntimeError("compiled autograd: the values of a traced tensor cannot be read "
+                           "while tracing; backward code must use tensor operations (not "
+                           ".numpy(), .item(), or control flow on values)")
+
+    @staticmethod
+    def __prim_call__(prim, args, params):
+        tracer = next(a.tracer for a in args if isinstance(a, Proxy))
+        return tracer.call_prim(prim, args, params)
+
+    shape = property(lambda self: tuple(self.node.meta["shape"]))
+    dtype = property(lambda self: self.node.meta["dtype"])
+    ndim = property(lambda self: len(self.node.meta["shape"]))
+
+    def dim(self):
+        return self.ndim
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def is_contiguous(self):
+        return True
+
+    def contiguous(self):
+        return self
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def __repr__(self):
+        return f"Proxy({self.node.name}: {self.node.format_type()})"
+
+
+def _aval(a):
+    return a if not isinstance(a, Tensor) else a  # Proxy and Tensor both have shape/dtype
+
+
+class Tracer:
+    """Builds the graph; knows where each runtime value sits in the boxed lists."""
+
+    def __init__(self, collected: CompiledNodeArgs, n_roots: int):
+        self.graph = Graph()
+        self.collected = collected
+        self.n_roots = n_roots
+        self.boxes = {name: self.graph.create_node("placeholder", name, name=name)
+                      for name in BOXED}
+        self.constants: list = []   # arrays baked into this graph (lifted into inputs)
+        self.source = None
+        self._proxies: dict = {}
+
+    # ---------------------------------------------------------- node builders
+
+    def _meta(self, shape, dtype):
+        if shape is None:
+            return {"shape": None, "dtype": None, "nbytes": 0, "source": self.source}
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return {"shape": shape, "dtype": dtype, "nbytes": nbytes, "source": self.source}
+
+    def getitem(self, box, index, shape=None, dtype=None, name=None, kind=None):
+        meta = self._meta(shape, dtype)
+        if kind:
+            meta["kind"] = kind
+        container = self.boxes[box] if isinstance(box, str) else box
+        return self.graph.create_node("call_function", "getitem", (container, index),
+                                      name=name or (f"{box}_{index}" if isinstance(box, str)
+                                                    else "getitem"), meta=meta)
+
+    def input_index(self, slot_index):
+        return self.n_roots + slot_index
+
+    def call_hook(self, kind, args, shape=None, dtype=None, name=None):
+        return self.graph.create_node("call_hook", kind, args, name=name or kind,
+                                      meta=self._meta(shape, dtype))
+
+    def lift_constant(self, array):
+        index = self.n_roots + len(self.collected.inputs) + len(self.constants)
+        self.constants.append(array)
+        return self.getitem("inputs", index, array.shape, array.dtype, name="constant")
+
+    def call_prim(self, prim, args, params):
+        node_args = []
+        for a in args:
+            if isinstance(a, Proxy):
+                node_args.append(a.node)
+            elif isinstance(a, Tensor):
+                node_args.append(self.lift_constant(a._data))
+            elif isinstance(a, np.ndarray):
+                node_args.append(self.lift_constant(a))
+            elif isinstance(a, np.generic):
+                node_args.append(a.item())
+            else:
+                node_args.append(a)
+        shape, dtype = prim.meta(*[_graph_aval(a) for a in node_args], **params)
+        node = self.graph.create_node("call_function", prim.name, node_args, params,
+                                      name=prim.name, meta=self._meta(shape, dtype))
+        return Proxy(self, node)
+
+    def proxy(self, node):
+        return Proxy(self, node)
+
+    # ---------------------------------------------------------- runtime values
+
+    def saved_proxy(self, sv):
+        """The graph value standing for a saved variable."""
+        p = self._proxies.get(id(sv))
+        if p is None:
+            where = self.collected.slot[id(sv)]
+            if where[0] == "inputs":
+                node = self.getitem("inputs", self.input_index(where[1]), sv.shape, sv.dtype,
+                                    name="saved")
+            else:
+                _, hook_i, packed_i = where
+                hook = self.getitem("hooks", hook_i, name="hook")
+                packed = self.getitem("packed_data", packed_i, name="packed")
+                node = self.call_hook("unpack_hook", (hook, packed), sv.shape, sv.dtype)
+            p = self._proxies[id(sv)] = Proxy(self, node)
+        return p
+
+    def lifted_proxy(self, obj, kind=None):
+        """The graph value of a leaf Tensor or a ctx Tensor attribute."""
+        p = self._proxies.get(id(obj))
+        if p is None:
+            _, i = self.collected.slot[id(obj)]
+            node = self.getitem("inputs", self.input_index(i), obj.shape, obj.dtype,
+                                name="leaf" if kind == "leaf" else "input", kind=kind)
+            p = self._proxies[id(obj)] = Proxy(self, node)
+        return p
+
+    def next_hook(self, hook):
+        """The getitem of the next unused slot holding ``hook``."""
+        slots = self.collected.slot[("hook", id(hook))]
+        return self.getitem("hooks", slots.pop(0), name="hook")
+
+
+def _graph_aval(a):
+    from compiled_autograd.graph import Node, _Aval
+    return _Aval.of(a) if isinstance(a, Node) else a
+
+
+class TraceSwap(SwapSavedVariables):
+    """Swaps saved variables for graph values; needs come from the graph task."""
+
+    def __init__(self, tracer, task, needs_override=None):
+        super().__init__(needs_override)
+        self.tracer, self.task = tracer, task
+
+    def before(self, sv):
+        return self.tracer.saved_proxy(sv)
+
+    def lifted(self, tensor):
+        return self.tracer.lifted_proxy(tensor)
+
+    def needs(self, node):
+        return self._needs if self._needs is not None else self.task.needs_of(node)
+
+    def with_needs(self, needs):
+        return TraceSwap(self.tracer, self.task, needs)
+
+    def accumulate_grad(self, variable, grad):
+        leaf = self.tracer.lifted_proxy(variable, kind="leaf")
+        self.tracer.call_hook("accumulate_grad", (leaf.node, grad.node), name="accumulate_grad")
+
+
+# -------------------------------------------------------------- hooks of a node
+
+def node_hooks(fn):
+    """(kind, input_nr, callable) of every hook around ``fn``, in eager's order:
+    tensor pre-hooks and retain_grad, node pre-hooks, post-accumulate-grad hooks,
+    node post-hooks."""
+    d = fn.__dict__
+    out = []
+    variable = d.get("variable")
+    per_output = dict(d.get("_tensor_pre_hooks") or {})
+    if variable is not None and variable._backward_hooks:
+        per_output = {0: variable._backward_hooks}
+    for nr, hooks in per_output.items():
+        out += [("tensor_pre_hook", nr, h) for h in hooks.values()]
+    retainers = d.setdefault("_retainer_fns", {}) if d.get("_retains_grad") else {}
+    for nr, refs in (d.get("_retains_grad") or {}).items():
+        for key, ref in refs.items():
+            # One closure per retained tensor, so both walks see the same callable.
+            fn_ = retainers.get((nr, key, id(ref)))
+            if fn_ is None:
+                fn_ = retainers[(nr, key, id(ref))] = _retainer(ref)
+            out.append(("tensor_pre_hook", nr, fn_))
+    out += [("pre_hook", None, h) for h in (d.get("_pre_hooks") or {}).values()]
+    if variable is not None and variable._post_accumulate_grad_hooks:
+        out += [("post_acc_grad_hook", None, h)
+                for h in variable._post_accumulate_grad_hooks.values()]
+    out += [("post_hook", None, h) for h in (d.get("_post_hooks") or {}).values()]
+    return out
+
+
+def _retainer(ref):
+    """retain_grad as a tensor hook that stores the gradient and changes nothing."""
+    def retain_grad(grad):
+        t = ref()
+        if t is not None:
+            _hooks._retain(t, grad._data)
+    return retain_grad
+
+
+# -------------------------------------------------------------- the two walks
+
+def collect(task, roots):
+    """The key and runtime values of this backward, in walk order."""
+    args = CompiledNodeArgs()
+    args.collect(("roots", tuple((args.node_id(fn), nr, tuple(np.shape(g)),
+                                  np.asarray(g).dtype.str) for (fn, nr), g in roots)))
+    args.collect(("captures", tuple(sorted((args.node_id(fn), nr, tuple(idx))
+                                           for (fn, nr), idx in task.captures.items()))))
+
+    def visit(fn, grads):
+        runs = task.will_run(fn)
+        args.node_name = fn.name()
+        args.collect(("node", args.node_id(fn), runs))
+        hooks = node_hooks(fn)
+        if runs or task.captures.keys() & {(fn, nr) for nr in range(len(grads))}:
+            for kind, nr, h in hooks:
+                if runs or kind == "tensor_pre_hook":
+                    args.collect_hook(kind, nr, h)
+        if not runs:
+            return (None,) * len(fn.next_functions)
+        fn.compiled_args(args)
+        args.collect_edges(fn)
+        if isinstance(fn, AccumulateGrad):
+            return ()
+        return tuple(True if n else None for n in task.needs_of(fn))
+
+    engine.walk(task, [(edge, True) for edge, _ in roots], visit, add=lambda a, b: True)
+    return args
+
+
+def trace(task, roots, collected, captured_count):
+    """The graph of this backward (roots' gradients are ``inputs[0..n)``)."""
+    tracer = Tracer(collected, len(roots))
+    root_proxies = []
+    for i, ((fn, nr), g) in enumerate(roots):
+        node = tracer.getitem("inputs", i, np.shape(g), np.asarray(g).dtype, name="grad_root")
+        root_proxies.append(((fn, nr), tracer.proxy(node)))
+    swap = TraceSwap(tracer, task)
+    captured = [None] * captured_count
+
+    def run_hooks(fn, grads, kinds):
+        grads = list(grads)
+        for kind, nr, hook in node_hooks(fn):
+            if kind not in kinds:
+                continue
+            h = tracer.next_hook(hook)
+            if kind == "tensor_pre_hook":
+                if grads[nr] is None:
+                    continue
+                g = grads[nr].node
+                out = tracer.call_hook(kind, (h, g), g.meta["shape"], g.meta["dtype"])
+                grads[nr] = tracer.proxy(out)
+            elif kind == "pre_hook":
+                result = tracer.call_hook(kind, (h,) + tuple(
+                    None if g is None else g.node for g in grads))
+                grads = [None if g is None else tracer.proxy(tracer.getitem(
+                    result, i, g.shape, g.dtype, name="pre_hook_grad"))
+                    for i, g in enumerate(grads)]
+        return grads
+
+    def visit(fn, grads):
+        tracer.source = fn.name()
+        if task.captures:
+            grads = engine.capture(task, fn, grads, captured,
+                                   lambda f, gs: run_hooks(f, gs, ("tensor_pre_hook",)))
+        if not task.will_run(fn) or all(g is None for g in grads):
+            return (None,) * len(fn.next_functions)
+        grads = run_hooks(fn, grads, ("tensor_pre_hook", "pre_hook"))
+        if isinstance(fn, AccumulateGrad):
+            if grads[0] is not None:
+                swap.accumulate_grad(fn.variable, grads[0])
+                leaf = tracer.lifted_proxy(fn.variable, kind="leaf")
+                for kind, _, hook in node_hooks(fn):
+                    if kind == "post_acc_grad_hook":
+                        tracer.call_hook(kind, (tracer.next_hook(hook), leaf.node))
+            _post_hooks(tracer, fn, (), grads)
+            return ()
+        outputs = fn.apply_with_saved(grads, swap)
+        outputs = _post_hooks(tracer, fn, outputs, grads)
+        if outputs and engine._needs_validation(fn):
+            outputs = engine._validate(fn, outputs)
+        return tuple(outputs)
+
+    engine.walk(task, root_proxies, visit)
+    tracer.source = None
+    tracer.graph.create_node("output", "output", (tuple(
+        None if c is None else c.node for c in captured),), name="output")
+    return tracer
+
+
+def _post_hooks(tracer, fn, outputs, grads):
+    posts = [h for kind, _, h in node_hooks(fn) if kind == "post_hook"]
+    for hook in posts:
+        h = tracer.next_hook(hook)
+        args = (h, len(outputs)) + tuple(None if g is None else g.node
+                                        for g in list(outputs) + list(grads))
+        result = tracer.call_hook("post_hook", args)
+        outputs = tuple(None if g is None else tracer.proxy(tracer.getitem(
+            result, i, g.shape, g.dtype, name="post_hook_grad")) for i, g in enumerate(outputs))
+    return outputs
