@@ -108,12 +108,12 @@ def reset_compiled_autograd() -> None:
             _stats[k] = 0 if k != "compile_seconds" else 0.0
 
 
-def _miss_reason(key, collected_key):
+def _miss_reason(collected_key):
     """Why the cache missed: the first item of the key no cached key shares."""
     best, best_len = None, -1
     for other in _cache:
         n = 0
-        for a, b in zip(other[1], collected_key):
+        for a, b in zip(other[2], collected_key):
             if a != b:
                 break
             n += 1
@@ -179,8 +179,7 @@ def _prepare(roots, input_edges, accumulate, unpack):
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
                             input_edges=input_edges, accumulate=accumulate)
     collected = tracer.collect(task, roots)
-    key = (unpack, collected.freeze())
-    return task, collected, key
+    return task, collected, collected.freeze()
 
 
 def _compile(task, roots, collected, key, unpack, compiler, n_captures):
@@ -202,11 +201,11 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
     (arrays) at ``input_edges``."""
     options = options or current_options()
     task, collected, key = _prepare(roots, input_edges, accumulate, options.unpack)
-    cache_key = (id(options.compiler), key)
+    cache_key = (id(options.compiler), options.unpack, key)
     entry = _cache.get(cache_key)
     if entry is None:
         if "verbose" in _log_flags():
-            log.info(_miss_reason(cache_key, key[1]))
+            log.info(_miss_reason(key))
         entry = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
                          len(input_edges or ()))
         with _cache_lock:

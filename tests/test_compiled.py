@@ -1,0 +1,333 @@
+"""Compiled autograd through the reference interpreter (backend "eager"): the
+scenarios of PyTorch's test_compiled_autograd.py, ported (not the code). Each runs
+the same backward eagerly and compiled and compares (bit for bit)."""
+import gc
+import logging
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.examples import build
+from op_cases import CASES, make_inputs
+
+BACKEND = "eager"
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    ca.reset_compiled_autograd()
+    yield
+    ca.reset_compiled_autograd()
+
+
+def _both(run):
+    """run(compiled: bool) -> list of arrays; compare eager with compiled."""
+    eager = run(False)
+    compiled = run(True)
+    assert len(eager) == len(compiled)
+    for a, b in zip(eager, compiled):
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    return eager
+
+
+def _maybe(compiled, **kw):
+    return ca.compiled_backward(backend=BACKEND, **kw) if compiled else _Null()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("name,fn,specs", CASES, ids=[c[0] for c in CASES])
+def test_every_op_case_compiled_equals_eager(name, fn, specs):
+    def run(compiled):
+        arrays, grads = make_inputs(specs, seed=5)
+        inputs = [ca.tensor(a, requires_grad=True) if g else ca.from_numpy(a)
+                  for a, g in zip(arrays, grads)]
+        out = fn(ca, *inputs)
+        up = ca.tensor(np.random.default_rng(1).standard_normal(out.shape))
+        with _maybe(compiled):
+            out.backward(up)
+        return [t.grad.numpy() for t, g in zip(inputs, grads) if g]
+    _both(run)
+
+
+@pytest.mark.parametrize("name,sizes", [
+    ("mlp", dict(layers=3, width=16, batch=4)),
+    ("transformer", dict(layers=2, d_model=32, heads=4, seq=8, batch=2, vocab=50))])
+@pytest.mark.parametrize("checkpoint", ["none", "layer", "selective"])
+@pytest.mark.parametrize("offload", [False, True])
+def test_bundled_models_bitwise(name, sizes, checkpoint, offload):
+    def run(compiled):
+        ex = build(name, checkpoint=checkpoint, offload=offload, **sizes)
+        with _maybe(compiled):
+            ex.loss().backward()
+        return [p.grad.numpy() for p in ex.parameters()]
+    _both(run)
+
+
+def test_cache_hit_skips_tracing():
+    ex = build("mlp", layers=3, width=8, batch=4)
+    with ca.compiled_backward(backend=BACKEND):
+        for _ in range(3):
+            ex.loss().backward()
+    stats = ca.compiled_autograd_stats()
+    assert stats["captures"] == 1 and stats["compiles"] == 1 and stats["cache_hits"] == 2
+    grads = [p.grad.numpy().copy() for p in ex.parameters()]
+    ex.zero_grad()
+    for _ in range(3):
+        ex.loss().backward()
+    for g, p in zip(grads, ex.parameters()):
+        np.testing.assert_array_equal(g, p.grad.numpy())
+
+
+def test_changes_miss_the_cache():
+    x = ca.randn(4, 3, requires_grad=True)
+    with ca.compiled_backward(backend=BACKEND):
+        (x * 2).sum().backward()
+        (x * 2).sum().backward()               # hit
+        (x * 3).sum().backward()               # a scalar constant is baked in: miss
+        (x * x).sum().backward()               # a saved tensor: different node args
+        x.sum(0).sum().backward()              # different node attributes
+        ca.randn(5, 3, requires_grad=True).exp().sum().backward()   # new shape
+    stats = ca.compiled_autograd_stats()
+    assert stats["cache_hits"] == 1
+    assert stats["captures"] == 5
+
+
+def _hooked(compiled):
+    calls = []
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = ca.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    x = a * b
+    y = x.exp()
+    z = (y * x).sum()
+    x.retain_grad()
+    x.register_hook(lambda g: calls.append("x.hook") or g * 2)
+    y.register_hook(lambda g: calls.append("y.hook"))
+    a.register_hook(lambda g: calls.append("a.hook"))
+    a.register_post_accumulate_grad_hook(lambda t: calls.append("a.post_acc"))
+    x.grad_fn.register_prehook(lambda gs: calls.append("MulX.pre") or (gs[0] + 1,))
+    x.grad_fn.register_hook(lambda gi, go: calls.append("MulX.post"))
+    y.grad_fn.register_hook(lambda gi, go: calls.append("Exp.post") or (gi[0] * 3,))
+    with _maybe(compiled):
+        z.backward()
+    return calls, [a.grad.numpy(), b.grad.numpy(), x.grad.numpy()]
+
+
+def test_hooks_order_and_effects_equal_eager():
+    eager_calls, eager_grads = _hooked(False)
+    compiled_calls, compiled_grads = _hooked(True)
+    assert eager_calls == compiled_calls
+    for e, c in zip(eager_grads, compiled_grads):
+        np.testing.assert_array_equal(e, c)
+
+
+def test_hook_nodes_in_the_graph_survive_dce():
+    a = ca.tensor([1.0, 2.0], requires_grad=True)
+    seen = []
+    h = a * 2
+    h.register_hook(lambda g: seen.append(1))   # returns None: only a side effect
+    g = ca.trace_backward(h.sum())
+    kinds = [n.target for n in g.graph.nodes if n.op == "call_hook"]
+    assert kinds.count("tensor_pre_hook") == 1 and "accumulate_grad" in kinds
+    g.graph.lint()
+
+
+def test_reused_leaf_implicit_add():
+    def run(compiled):
+        a = ca.tensor([0.3, -1.2, 2.0], requires_grad=True)
+        with _maybe(compiled):
+            (a * a + a.sin() * a + a).sum().backward()
+        return [a.grad.numpy()]
+    _both(run)
+
+
+def test_grad_leaves_dot_grad_untouched_and_inputs_recompile():
+    def run(compiled):
+        a = ca.tensor([1.0, 2.0], requires_grad=True)
+        b = ca.tensor([3.0, -1.0], requires_grad=True)
+        with _maybe(compiled):
+            ga, = ca.autograd.grad((a * b).exp().sum(), [a])
+            gb, ga2 = ca.autograd.grad((a * b).exp().sum(), [b, a])
+        assert a.grad is None and b.grad is None
+        return [ga.numpy(), gb.numpy(), ga2.numpy()]
+    _both(run)
+    assert ca.compiled_autograd_stats()["captures"] == 2  # different inputs= recompile
+
+
+def test_backward_inputs():
+    def run(compiled):
+        a = ca.tensor([1.0, 2.0], requires_grad=True)
+        b = ca.tensor([3.0, -1.0], requires_grad=True)
+        h = a * b
+        with _maybe(compiled):
+            (h * h).sum().backward(inputs=[b, h])
+        assert a.grad is None
+        return [b.grad.numpy(), h.grad.numpy()]
+    _both(run)
+
+
+def test_accumulate_into_existing_grad_keeps_the_object():
+    a = ca.tensor([1.0, 2.0], requires_grad=True)
+    (a * 2).sum().backward()
+    g = a.grad
+    with ca.compiled_backward(backend=BACKEND):
+        (a * 3).sum().backward()
+    assert a.grad is g
+    np.testing.assert_array_equal(g.numpy(), [5.0, 5.0])
+
+
+def _custom_function(scale):
+    class Scaled(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            ctx.scale = scale
+            ctx.offset = ca.ones(*x.shape) * 0.5   # a Tensor attribute
+            return x * y * scale
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            return g * y * ctx.scale + ctx.offset, g * x * ctx.scale
+    return Scaled
+
+
+def test_custom_function_saved_tensors_attributes_and_dynamic_classes():
+    def run(compiled, fn_cls):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=True)
+        with _maybe(compiled):
+            fn_cls.apply(x, y).sum().backward()
+        return [x.grad.numpy(), y.grad.numpy()]
+    two = _custom_function(2.0)
+    _both(lambda c: run(c, two))
+    _both(lambda c: run(c, two))
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1
+    three = _custom_function(3.0)   # a new class, defined at run time: keyed by identity
+    _both(lambda c: run(c, three))
+    assert ca.compiled_autograd_stats()["captures"] == 2
+
+
+def test_checkpoint_puts_unpack_hooks_before_their_users():
+    ex = build("mlp", layers=3, width=8, batch=4, checkpoint="layer")
+    g = ca.trace_backward(ex.loss())
+    g.graph.lint()
+    nodes = g.graph.nodes
+    unpacks = [n for n in nodes if n.op == "call_hook" and n.target == "unpack_hook"]
+    assert len(unpacks) >= 4
+    for n in unpacks:
+        first_user = min(nodes.index(u) for u in n.users)
+        assert first_user == nodes.index(n) + 1, n.name
+    upfront = ca.trace_backward(build("mlp", layers=3, width=8, batch=4,
+                                      checkpoint="layer").loss(), unpack="upfront")
+    un = [i for i, n in enumerate(upfront.graph.nodes) if n.target == "unpack_hook"]
+    first_prim = next(i for i, n in enumerate(upfront.graph.nodes)
+                      if n.op == "call_function" and n.target != "getitem")
+    assert max(un) < first_prim  # every unpack before any computation
+    upfront.graph.lint()
+
+
+def test_trace_backward_runs_and_frees_nothing():
+    ex = build("mlp", layers=2, width=8, batch=4)
+    loss = ex.loss()
+    g = ca.trace_backward(loss)
+    assert all(p.grad is None for p in ex.parameters())
+    loss.backward()  # the graph is intact
+    assert all(p.grad is not None for p in ex.parameters())
+    assert "digraph" in g.to_dot() and '"nodes"' in g.to_json()
+
+
+def test_backward_twice_and_create_graph_errors():
+    x = ca.randn(3, requires_grad=True)
+    loss = x.exp().sum()
+    with ca.compiled_backward(backend=BACKEND):
+        loss.backward()
+        with pytest.raises(RuntimeError, match="Trying to backward through the graph a second "
+                                               "time"):
+            loss.backward()
+        with pytest.raises(RuntimeError, match="create_graph=True is not supported yet"):
+            x.exp().sum().backward(create_graph=True)
+
+
+def test_retain_graph_keeps_saved_values():
+    def run(compiled):
+        x = ca.tensor([0.5, 1.5], requires_grad=True)
+        loss = (x.exp() * x).sum()
+        with _maybe(compiled):
+            loss.backward(retain_graph=True)
+            loss.backward()
+        return [x.grad.numpy()]
+    _both(run)
+
+
+def test_user_compiler_fn_receives_the_graph():
+    seen = []
+
+    def compiler(graph):
+        seen.append(len(graph.nodes))
+        from compiled_autograd.interpreter import Interpreter
+        return Interpreter(graph)
+
+    x = ca.randn(3, requires_grad=True)
+    with ca.compiled_backward(backend=compiler):
+        x.tanh().sum().backward()
+    assert seen and x.grad is not None
+    with pytest.raises(ValueError, match="unknown compiled autograd backend 'nope'"):
+        ca.compiled_backward(backend="nope")
+
+
+def test_logging_reports_graphs_and_miss_reasons(monkeypatch, caplog):
+    monkeypatch.setenv("CA_LOGS", "verbose")
+    x = ca.randn(3, requires_grad=True)
+    with caplog.at_level(logging.INFO, logger="compiled_autograd"):
+        with ca.compiled_backward(backend=BACKEND):
+            (x * 2).sum().backward()
+            (x * 2).exp().sum().backward()
+    text = caplog.text
+    assert "cache miss: empty cache" in text
+    assert "cache miss: new autograd node ExpBackward (NodeCall 1)" in text
+    assert "compiled autograd graph 1:" in text and "call_hook[accumulate_grad]" in text
+
+
+def test_compiled_backward_frees_saved_values_progressively():
+    x = ca.randn(64, 64, requires_grad=True)
+    h = x
+    for _ in range(4):
+        h = (h * 1.0).tanh()
+    loss = h.sum()
+    with ca.compiled_backward(backend=BACKEND):
+        loss.backward()
+    gc.collect()
+    assert all(sv.released for sv in loss.grad_fn.saved_variables())
+
+
+def _backward_peak(unpack, checkpoint="layer", offload=False):
+    ex = build("transformer", layers=2, d_model=64, heads=4, seq=32, batch=4, vocab=200,
+               checkpoint=checkpoint, offload=offload)
+    loss = ex.loss()
+    with ca.memory.profile(tracemalloc_witness=False) as prof:
+        if unpack is None:
+            loss.backward()
+        else:
+            with ca.compiled_backward(backend=BACKEND, unpack=unpack):
+                loss.backward()
+    return prof.peak_bytes
+
+
+@pytest.mark.parametrize("checkpoint,offload", [("layer", False), ("none", True)])
+def test_progressive_unpacking_peaks_no_higher_than_eager(checkpoint, offload):
+    eager = _backward_peak(None, checkpoint, offload)
+    progressive = _backward_peak("progressive", checkpoint, offload)
+    upfront = _backward_peak("upfront", checkpoint, offload)
+    assert progressive <= eager, (progressive, eager)
+    assert upfront >= 1.5 * progressive, (upfront, progressive)
