@@ -312,8 +312,7 @@ def test_compiled_backward_frees_saved_values_progressively():
 
 
 def _backward_peak(unpack, checkpoint="layer", offload=False):
-    ex = build("transformer", layers=2, d_model=64, heads=4, seq=32, batch=4, vocab=200,
-               checkpoint=checkpoint, offload=offload)
+    ex = build("transformer", checkpoint=checkpoint, offload=offload)  # the bundled size
     loss = ex.loss()
     with ca.memory.profile(tracemalloc_witness=False) as prof:
         if unpack is None:
