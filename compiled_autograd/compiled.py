@@ -23,6 +23,7 @@ import numpy as np
 
 from compiled_autograd import engine, passes, tracer
 from compiled_autograd.interpreter import Interpreter
+from compiled_autograd.symbolic import ShapeEnv, guards_hold
 
 log = logging.getLogger("compiled_autograd")
 
@@ -96,6 +97,20 @@ class CompiledBackward:
         return str(self.graph)
 
 
+@dataclass
+class _Family:
+    """The compiled graphs of one structure (one key), for different sizes."""
+    dynamic: set            # positions in ``sizes`` made symbolic
+    entries: list           # (static (position, value) pairs, guards, CompiledBackward)
+    last_sizes: tuple = ()
+
+    def lookup(self, sizes, scalars):
+        for static, guards, entry in self.entries:
+            if all(sizes[p] == v for p, v in static) and guards_hold(guards, sizes, scalars):
+                return entry
+        return None
+
+
 _cache: dict = {}
 _cache_lock = threading.Lock()
 
@@ -113,7 +128,7 @@ def _miss_reason(collected_key):
     best, best_len = None, -1
     for other in _cache:
         n = 0
-        for a, b in zip(other[2], collected_key):
+        for a, b in zip(other[-1], collected_key):
             if a != b:
                 break
             n += 1
@@ -154,9 +169,6 @@ class compiled_backward:
     def __init__(self, backend="eager", dynamic=False, unpack="progressive"):
         if unpack not in ("progressive", "upfront"):
             raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
-        if dynamic:
-            raise NotImplementedError("compiled autograd: dynamic=True is not supported yet; "
-                                      "sizes are static (a new size recompiles)")
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
 
@@ -182,18 +194,19 @@ def _prepare(roots, input_edges, accumulate, unpack):
     return task, collected, collected.freeze()
 
 
-def _compile(task, roots, collected, key, unpack, compiler, n_captures):
+def _compile(task, roots, collected, key, unpack, compiler, n_captures, dynamic):
     start = time.perf_counter()
-    traced = tracer.trace(task, roots, collected, n_captures)
-    graph = traced.graph
-    passes.eliminate_dead_code(graph)
-    passes.place_reads(graph, unpack)
+    with ShapeEnv() as env:
+        traced = tracer.trace(task, roots, collected, n_captures, frozenset(dynamic))
+        graph = traced.graph
+        passes.eliminate_dead_code(graph)
+        passes.place_reads(graph, unpack)
     _stats["captures"] += 1
     fn = compiler(graph)
     _stats["compiles"] += 1
     _stats["compile_seconds"] += time.perf_counter() - start
     _log("graph", f"compiled autograd graph {_stats['captures']}:\n{graph}")
-    return CompiledBackward(graph, fn, traced.constants, key, unpack)
+    return CompiledBackward(graph, fn, traced.constants, key, unpack), env.guards
 
 
 def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
@@ -202,16 +215,15 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
     options = options or current_options()
     task, collected, key = _prepare(roots, input_edges, accumulate, options.unpack)
     cache_key = (id(options.compiler), options.unpack, key)
-    entry = _cache.get(cache_key)
+    sizes, scalars = tuple(collected.sizes), collected.scalars
+    family = _cache.get(cache_key)
+    entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:
-        if "verbose" in _log_flags():
-            log.info(_miss_reason(key))
-        entry = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
-                         len(input_edges or ()))
-        with _cache_lock:
-            _cache[cache_key] = entry
+        entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
     else:
         _stats["cache_hits"] += 1
+    family = _cache[cache_key]
+    family.last_sizes = sizes
     if not retain_graph:
         # The boxed lists become the only owners of the saved values.
         for fn in task.nodes:
@@ -225,10 +237,36 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
         from runtime import memory
         with memory.category("gradient") if memory.active() else _null():
             out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
-                           list(collected.sizes), [], collected.hooks, collected.packed_data)
+                           list(sizes), list(scalars), collected.hooks, collected.packed_data)
     finally:
         stack.pop()
     return list(out) if out is not None else []
+
+
+def _compile_miss(cache_key, family, collected, task, roots, input_edges, options):
+    """Trace and compile for these sizes. A size that differs from the last call of
+    the same structure becomes dynamic (sizes 0 and 1 stay static, as in torch)."""
+    sizes = tuple(collected.sizes)
+    if family is None:
+        if "verbose" in _log_flags():
+            log.info(_miss_reason(cache_key[-1]))
+        dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if options.dynamic else set()
+        family = _Family(dynamic, [])
+        with _cache_lock:
+            _cache[cache_key] = family
+    else:
+        changed = {p for p, (a, b) in enumerate(zip(family.last_sizes, sizes))
+                   if a != b and a not in (0, 1) and b not in (0, 1)}
+        family.dynamic |= changed
+        if "verbose" in _log_flags():
+            names = ", ".join(f"s{p}" for p in sorted(changed)) or "none (a guard failed)"
+            log.info(f"cache miss: sizes changed; dynamic now: {names}")
+    entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
+                             len(input_edges or ()), family.dynamic)
+    static = tuple((p, v) for p, v in enumerate(sizes) if p not in family.dynamic)
+    family.entries.append((static, guards, entry))
+    family.last_sizes = sizes
+    return entry
 
 
 class _null:
@@ -251,9 +289,10 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
         inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
         input_edges = engine._edges_of(inputs, "inputs")
     task, collected, key = _prepare(roots, input_edges, accumulate=inputs is None, unpack=unpack)
-    traced = tracer.trace(task, roots, collected, len(input_edges or ()))
-    passes.eliminate_dead_code(traced.graph)
-    passes.place_reads(traced.graph, unpack)
+    with ShapeEnv():
+        traced = tracer.trace(task, roots, collected, len(input_edges or ()))
+        passes.eliminate_dead_code(traced.graph)
+        passes.place_reads(traced.graph, unpack)
     return CompiledBackward(traced.graph, None, traced.constants, key, unpack)
 
 

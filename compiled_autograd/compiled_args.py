@@ -15,6 +15,8 @@ equals ``apply``; the tracer's subclass swaps in graph proxies.
 """
 from __future__ import annotations
 
+import numpy as np
+
 
 class CompiledNodeArgs:
     """Key and runtime values of a backward, collected in walk order."""
@@ -26,6 +28,7 @@ class CompiledNodeArgs:
         self.hooks: list = []            # hook callables
         self.packed_data: list = []      # packed objects of saved-tensor hooks
         self.sizes: list = []            # every collected size, flat
+        self.scalars: list = []          # lifted Python floats
         self.slot: dict = {}             # id(obj) -> where its runtime value sits
         self.node_name = "backward"      # set by the walker, for error messages
         self._node_ids: dict = {}
@@ -36,13 +39,41 @@ class CompiledNodeArgs:
         """A non-tensor attribute (type, dims, scalars, flags, dtypes)."""
         self.key.append(value)
 
-    def collect_sizes(self, shapes) -> None:
-        """Tensor sizes (the cache compares them to decide what becomes dynamic)."""
+    def collect_sizes(self, shapes, owner=None) -> None:
+        """Tensor sizes. Their number is part of the key, their values are not: the
+        cache compares the values, so a size that changes can become dynamic.
+        ``owner`` (a node, a saved variable, ...) lets the tracer find them again."""
         shapes = tuple(None if s is None else tuple(int(d) for d in s) for s in shapes)
-        self.key.append(("sizes", len(self.sizes), shapes))
+        self.key.append(("sizes", tuple(None if s is None else len(s) for s in shapes)))
+        if owner is not None:
+            self.slot[("sizes", _key(owner))] = len(self.sizes)
         for s in shapes:
             if s is not None:
                 self.sizes.extend(s)
+
+    def collect_params(self, params, owner) -> None:
+        """A prim's static params. Their ints (shape arguments, dims, offsets) are
+        collected as sizes -- compared, and made dynamic if they change -- and the
+        rest (flags, dtypes, strings, floats) is part of the key."""
+        ints = []
+
+        def skeleton(v):
+            if type(v) is int or isinstance(v, np.integer):
+                ints.append(int(v))
+                return "#"
+            if isinstance(v, tuple):
+                return tuple(skeleton(x) for x in v)
+            return v
+        items = tuple(sorted(params.items()))
+        self.key.append(("params", tuple((k, skeleton(v)) for k, v in items)))
+        self.slot[("sizes", _key(owner))] = len(self.sizes)
+        self.sizes.extend(ints)
+
+    def collect_scalar(self, value, owner) -> None:
+        """A Python float a node saved: a runtime value (``scalars``), not a key."""
+        self.key.append(("scalar",))
+        self.slot[("scalar", _key(owner))] = len(self.scalars)
+        self.scalars.append(float(value))
 
     def node_id(self, node) -> int:
         """A stable number for a node: its rank of first appearance in the walk."""
@@ -65,7 +96,8 @@ class CompiledNodeArgs:
         data. Checked here (freed? modified in place?) as eager checks up front."""
         sv.check(self.node_name)
         hooked = sv.unpack_hook is not None
-        self.key.append(("saved", tuple(sv.shape), sv.dtype.str, hooked))
+        self.key.append(("saved", sv.dtype.str, hooked))
+        self.collect_sizes((sv.shape,), owner=sv)
         self.saved.append(sv)
         if hooked:
             self.slot[id(sv)] = ("hooked", len(self.hooks), len(self.packed_data))
@@ -76,13 +108,15 @@ class CompiledNodeArgs:
 
     def collect_leaf(self, variable) -> None:
         """The leaf Tensor an AccumulateGrad writes into."""
-        self.key.append(("leaf", tuple(variable.shape), variable.dtype.str))
+        self.key.append(("leaf", variable.dtype.str))
+        self.collect_sizes((variable.shape,), owner=variable)
         self._input(variable, variable)
 
     def collect_tensor(self, tensor) -> None:
         """A Tensor a node's backward reads that is not a saved variable (a custom
         Function's ctx attribute)."""
-        self.key.append(("tensor", tuple(tensor.shape), tensor.dtype.str))
+        self.key.append(("tensor", tensor.dtype.str))
+        self.collect_sizes((tensor.shape,), owner=tensor)
         self._input(tensor, tensor._data)
 
     def collect_hook(self, kind, nr, hook) -> None:
@@ -93,6 +127,10 @@ class CompiledNodeArgs:
 
     def freeze(self) -> tuple:
         return tuple(self.key)
+
+
+def _key(owner):
+    return owner if isinstance(owner, tuple) else id(owner)
 
 
 class SwapSavedVariables:
@@ -110,6 +148,18 @@ class SwapSavedVariables:
     def lifted(self, tensor):
         """The value to use for a Tensor attribute of a node (see collect_tensor)."""
         return tensor
+
+    def sizes(self, owner, shapes):
+        """The shapes a node's formula sees (symbolic where sizes are dynamic)."""
+        return shapes
+
+    def scalar(self, owner, value):
+        """The value a node's formula sees for a saved Python float."""
+        return value
+
+    def params(self, owner, params):
+        """The params a node's formula sees (ints symbolic where dynamic)."""
+        return params
 
     def needs(self, node):
         return self._needs if self._needs is not None else node.static_needs()

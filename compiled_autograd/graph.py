@@ -272,15 +272,16 @@ class Graph:
                 return {k: enc(x) for k, x in v.items()}
             if isinstance(v, np.dtype):
                 return v.name
-            if isinstance(v, (int, float, str, bool)) or v is None:
+            if type(v) in (int, float, str, bool) or v is None:
                 return v
-            return repr(v)
+            return repr(v)  # symbolic sizes and scalars print as s3, c0, (s3*64)
         out = []
         for n in self.nodes:
             shape = n.meta.get("shape")
             out.append({"name": n.name, "op": n.op, "target": str(n.target),
                         "args": enc(list(n.args)), "kwargs": enc(n.kwargs),
-                        "shape": None if shape is None else [int(d) for d in shape],
+                        "shape": None if shape is None else [d if type(d) is int else str(d)
+                                                             for d in shape],
                         "dtype": None if n.meta.get("dtype") is None else
                         np.dtype(n.meta["dtype"]).name,
                         "nbytes": n.meta.get("nbytes"), "source": n.meta.get("source")})

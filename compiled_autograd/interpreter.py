@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from compiled_autograd.graph import map_nodes
 from compiled_autograd.hook_calls import CALL_HOOK
+from compiled_autograd.symbolic import contains_symbol, resolve
 from runtime import memory
 from runtime.prims import PRIMS, run_kernel
 
@@ -16,6 +17,8 @@ class Interpreter:
     def __init__(self, graph):
         self.graph = graph
         self.dies_after = graph.last_uses()
+        # Nodes whose arguments hold symbolic sizes or scalars, resolved per call.
+        self.symbolic = {n for n in graph.nodes if contains_symbol((n.args, n.kwargs))}
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         boxed = dict(inputs=inputs, sizes=sizes, scalars=scalars, hooks=hooks,
@@ -29,6 +32,10 @@ class Interpreter:
                 return map_nodes(node.args[0], env.__getitem__)
             else:
                 args = map_nodes(node.args, env.__getitem__)
+                kwargs = node.kwargs
+                if node in self.symbolic:
+                    args = resolve(args, sizes, scalars)
+                    kwargs = resolve(kwargs, sizes, scalars)
                 if node.op == "call_function" and node.target == "getitem":
                     container, i = args
                     value = container[i]
@@ -37,9 +44,9 @@ class Interpreter:
                 elif node.op == "call_function":
                     if accounting:
                         with memory.source(node.meta.get("source") or node.name):
-                            value = run_kernel(PRIMS[node.target], args, node.kwargs)
+                            value = run_kernel(PRIMS[node.target], args, kwargs)
                     else:
-                        value = run_kernel(PRIMS[node.target], args, node.kwargs)
+                        value = run_kernel(PRIMS[node.target], args, kwargs)
                 else:
                     value = CALL_HOOK[node.target](*args)
                 env[node] = value

@@ -138,29 +138,38 @@ class PrimBackward(Node):
 
     def compiled_args(self, args) -> None:
         args.collect(type(self))
-        args.collect(tuple(sorted(self.params.items(), key=lambda kv: kv[0])))
-        args.collect_sizes(self.shapes)
+        args.collect_params(self.params, owner=("params", id(self)))
+        args.collect_sizes(self.shapes, owner=self)
         args.collect(self.dtypes)
-        for item in self.saved:
+        for i, item in enumerate(self.saved):
             if isinstance(item, tuple):
                 for sv in item:
                     args.collect_saved(sv)
             elif hasattr(item, "unpack_array"):
                 args.collect_saved(item)
+            elif type(item) is float:
+                args.collect_scalar(item, (id(self), i))  # lifted: not part of the key
             else:
                 args.collect(item)
 
     def apply_with_saved(self, grads, saved):
         values = []
-        for item in self.saved:
+        for i, item in enumerate(self.saved):
             if isinstance(item, tuple):
                 values.append(tuple(saved.before(sv) for sv in item))
             elif hasattr(item, "unpack_array"):
                 values.append(saved.before(item))
+            elif type(item) is float:
+                values.append(saved.scalar((id(self), i), item))
             else:
                 values.append(item)
+        shapes = saved.sizes(self, self.shapes)
+        params = saved.params(("params", id(self)), self.params)
         try:
-            return self.run_formula(grads, saved.needs(self), tuple(values))
+            ctx = VJPContext(tuple(values), params, shapes, self.dtypes, saved.needs(self))
+            out = self.prim.vjp(ctx, grads[0])
+            return tuple(g if g is None or g.dtype == self.dtypes[i]
+                         else ops.astype(g, dtype=self.dtypes[i]) for i, g in enumerate(out))
         finally:
             for item in self.saved:
                 for sv in (item if isinstance(item, tuple) else (item,)):
@@ -261,9 +270,10 @@ class CopySlices(Node):
     def saved_variables(self):
         return self.fn.saved_variables()
 
-    def _run(self, g, needs, call_fn):
+    def _run(self, g, needs, call_fn, geometry=None):
         from runtime.prims import ops
-        view_grad = ops.as_strided(g, **self.geometry)
+        geometry = geometry or self.geometry
+        view_grad = ops.as_strided(g, **geometry)
         # The view's old value needs a gradient exactly when the base's old value
         # does, whatever fn's own edge says (the note's exec_info point).
         fn_needs = (needs[0],) + tuple(needs[1:])
@@ -271,7 +281,7 @@ class CopySlices(Node):
         grad_base = None
         if needs[0]:
             src = res[0] if res[0] is not None else ops.full_like(view_grad, value=0)
-            grad_base = ops.as_strided_scatter(g, src, **self.geometry)
+            grad_base = ops.as_strided_scatter(g, src, **geometry)
         return (grad_base,) + tuple(res[1:])
 
     def apply(self, grads, needs=None):
@@ -281,9 +291,11 @@ class CopySlices(Node):
 
     def compiled_args(self, args) -> None:
         args.collect(type(self))
-        args.collect(tuple(sorted(self.geometry.items())))
+        args.collect_params(self.geometry, owner=("params", id(self)))
         self.fn.compiled_args(args)
 
     def apply_with_saved(self, grads, saved):
+        geometry = saved.params(("params", id(self)), self.geometry)
         return self._run(grads[0], saved.needs(self),
-                         lambda vg, n: self.fn.apply_with_saved([vg], saved.with_needs(n)))
+                         lambda vg, n: self.fn.apply_with_saved([vg], saved.with_needs(n)),
+                         geometry)

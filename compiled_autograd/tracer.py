@@ -18,6 +18,7 @@ from compiled_autograd import hooks as _hooks
 from compiled_autograd.compiled_args import CompiledNodeArgs, SwapSavedVariables
 from compiled_autograd.graph import BOXED, Graph
 from compiled_autograd.node import AccumulateGrad
+from compiled_autograd.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.tensor import Tensor, VersionCounter
 
 
@@ -55,6 +56,7 @@ class Proxy(Tensor):
         return tracer.call_prim(prim, args, params)
 
     shape = property(lambda self: tuple(self.node.meta["shape"]))
+    # numel/len of a symbolic shape specialise it (with a guard), which is correct.
     dtype = property(lambda self: self.node.meta["dtype"])
     ndim = property(lambda self: len(self.node.meta["shape"]))
 
@@ -90,10 +92,11 @@ def _aval(a):
 class Tracer:
     """Builds the graph; knows where each runtime value sits in the boxed lists."""
 
-    def __init__(self, collected: CompiledNodeArgs, n_roots: int):
+    def __init__(self, collected: CompiledNodeArgs, n_roots: int, dynamic=frozenset()):
         self.graph = Graph()
         self.collected = collected
         self.n_roots = n_roots
+        self.dynamic = dynamic      # positions in ``sizes`` that are symbolic
         self.boxes = {name: self.graph.create_node("placeholder", name, name=name)
                       for name in BOXED}
         self.constants: list = []   # arrays baked into this graph (lifted into inputs)
@@ -105,10 +108,47 @@ class Tracer:
     def _meta(self, shape, dtype):
         if shape is None:
             return {"shape": None, "dtype": None, "nbytes": 0, "source": self.source}
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(shape)  # symbolic dims stay symbolic
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = int(np.prod([hint(d) for d in shape], dtype=np.int64)) * dtype.itemsize
         return {"shape": shape, "dtype": dtype, "nbytes": nbytes, "source": self.source}
+
+    def sizes(self, owner, shapes):
+        """``shapes`` with the dims at dynamic positions made symbolic."""
+        if not self.dynamic:
+            return shapes
+        pos = self.collected.slot.get(("sizes", owner if isinstance(owner, tuple) else id(owner)))
+        if pos is None:
+            return shapes
+        out = []
+        for shape in shapes:
+            if shape is None:
+                out.append(None)
+                continue
+            out.append(tuple(SymInt.size(d, pos + j) if pos + j in self.dynamic else d
+                             for j, d in enumerate(shape)))
+            pos += len(shape)
+        return tuple(out)
+
+    def scalar(self, owner, value):
+        return SymFloat.scalar(value, self.collected.slot[("scalar", owner)])
+
+    def params(self, owner, params):
+        """Params with their ints (collected as sizes, sorted by key) symbolic
+        where dynamic."""
+        if not self.dynamic:
+            return params
+        pos = [self.collected.slot[("sizes", owner)]]
+
+        def rebuild(v):
+            if type(v) is int or isinstance(v, np.integer):
+                p = pos[0]
+                pos[0] += 1
+                return SymInt.size(int(v), p) if p in self.dynamic else v
+            if isinstance(v, tuple):
+                return tuple(rebuild(x) for x in v)
+            return v
+        return {k: rebuild(v) for k, v in sorted(params.items())}
 
     def getitem(self, box, index, shape=None, dtype=None, name=None, kind=None):
         meta = self._meta(shape, dtype)
@@ -159,14 +199,15 @@ class Tracer:
         p = self._proxies.get(id(sv))
         if p is None:
             where = self.collected.slot[id(sv)]
+            (shape,) = self.sizes(sv, (sv.shape,))
             if where[0] == "inputs":
-                node = self.getitem("inputs", self.input_index(where[1]), sv.shape, sv.dtype,
+                node = self.getitem("inputs", self.input_index(where[1]), shape, sv.dtype,
                                     name="saved")
             else:
                 _, hook_i, packed_i = where
                 hook = self.getitem("hooks", hook_i, name="hook")
                 packed = self.getitem("packed_data", packed_i, name="packed")
-                node = self.call_hook("unpack_hook", (hook, packed), sv.shape, sv.dtype)
+                node = self.call_hook("unpack_hook", (hook, packed), shape, sv.dtype)
             p = self._proxies[id(sv)] = Proxy(self, node)
         return p
 
@@ -175,7 +216,8 @@ class Tracer:
         p = self._proxies.get(id(obj))
         if p is None:
             _, i = self.collected.slot[id(obj)]
-            node = self.getitem("inputs", self.input_index(i), obj.shape, obj.dtype,
+            (shape,) = self.sizes(obj, (obj.shape,))
+            node = self.getitem("inputs", self.input_index(i), shape, obj.dtype,
                                 name="leaf" if kind == "leaf" else "input", kind=kind)
             p = self._proxies[id(obj)] = Proxy(self, node)
         return p
@@ -209,6 +251,15 @@ class TraceSwap(SwapSavedVariables):
 
     def with_needs(self, needs):
         return TraceSwap(self.tracer, self.task, needs)
+
+    def sizes(self, owner, shapes):
+        return self.tracer.sizes(owner, shapes)
+
+    def scalar(self, owner, value):
+        return self.tracer.scalar(owner, value)
+
+    def params(self, owner, params):
+        return self.tracer.params(owner, params)
 
     def accumulate_grad(self, variable, grad):
         leaf = self.tracer.lifted_proxy(variable, kind="leaf")
@@ -259,8 +310,10 @@ def _retainer(ref):
 def collect(task, roots):
     """The key and runtime values of this backward, in walk order."""
     args = CompiledNodeArgs()
-    args.collect(("roots", tuple((args.node_id(fn), nr, tuple(np.shape(g)),
-                                  np.asarray(g).dtype.str) for (fn, nr), g in roots)))
+    args.collect(("roots", tuple((args.node_id(fn), nr, np.asarray(g).dtype.str)
+                                 for (fn, nr), g in roots)))
+    for i, (_, g) in enumerate(roots):
+        args.collect_sizes((np.shape(g),), owner=("root", i))
     args.collect(("captures", tuple(sorted((args.node_id(fn), nr, tuple(idx))
                                            for (fn, nr), idx in task.captures.items()))))
 
@@ -285,12 +338,14 @@ def collect(task, roots):
     return args
 
 
-def trace(task, roots, collected, captured_count):
-    """The graph of this backward (roots' gradients are ``inputs[0..n)``)."""
-    tracer = Tracer(collected, len(roots))
+def trace(task, roots, collected, captured_count, dynamic=frozenset()):
+    """The graph of this backward (roots' gradients are ``inputs[0..n)``); sizes at
+    the ``dynamic`` positions are symbolic."""
+    tracer = Tracer(collected, len(roots), dynamic)
     root_proxies = []
     for i, ((fn, nr), g) in enumerate(roots):
-        node = tracer.getitem("inputs", i, np.shape(g), np.asarray(g).dtype, name="grad_root")
+        (shape,) = tracer.sizes(("root", i), (np.shape(g),))
+        node = tracer.getitem("inputs", i, shape, np.asarray(g).dtype, name="grad_root")
         root_proxies.append(((fn, nr), tracer.proxy(node)))
     swap = TraceSwap(tracer, task)
     captured = [None] * captured_count

@@ -136,9 +136,18 @@ def shape_of(a):
 
 
 def dtype_of(a):
-    """dtype of an array-like; a Python scalar is returned as is, so that numpy's
-    result_type treats it as a weak scalar (NEP 50), as torch does."""
-    return a.dtype if hasattr(a, "dtype") else a
+    """dtype of an array-like; for a Python scalar a plain scalar of its kind, which
+    numpy's result_type treats as weak (NEP 50), as torch does. (A subclass of
+    float or int -- a symbolic scalar -- would not be weak: numpy makes it float64.)"""
+    if hasattr(a, "dtype"):
+        return a.dtype
+    if isinstance(a, bool):
+        return False
+    if isinstance(a, int):
+        return 0
+    if isinstance(a, float):
+        return 0.0
+    return a
 
 
 def as_array(x):
@@ -172,9 +181,28 @@ def is_scalar(x):
     return isinstance(x, (int, float, bool))
 
 
+def broadcast_shapes(*shapes):
+    """numpy's broadcasting rule, keeping the dim objects themselves (a symbolic
+    size stays symbolic; numpy's own version would turn it into a plain int)."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(ndim):
+        dims = [s[len(s) - ndim + i] for s in shapes if len(s) - ndim + i >= 0]
+        big = [d for d in dims if d != 1]
+        if not big:
+            out.append(1)
+            continue
+        for d in big[1:]:
+            if d != big[0]:
+                raise ValueError(f"shape mismatch: objects cannot be broadcast to a single "
+                                 f"shape. Mismatch is between {list(shapes[0])} and "
+                                 f"{list(shapes[-1])}")
+        out.append(next((d for d in big if not type(d) is int), big[0]))
+    return tuple(out)
+
+
 def elementwise_meta(*args, **_):
-    return (tuple(np.broadcast_shapes(*map(shape_of, args))),
-            np.result_type(*map(dtype_of, args)))
+    return broadcast_shapes(*map(shape_of, args)), np.result_type(*map(dtype_of, args))
 
 
 def same_meta(x, *_, **__):
@@ -182,4 +210,4 @@ def same_meta(x, *_, **__):
 
 
 def compare_meta(*args, **_):
-    return tuple(np.broadcast_shapes(*map(shape_of, args))), np.dtype(bool)
+    return broadcast_shapes(*map(shape_of, args)), np.dtype(bool)

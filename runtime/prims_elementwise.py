@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from runtime.prims import (as_array, compare_meta, dtype_of, elementwise_meta,
-                           is_scalar, ops, prim, same_meta, shape_of, sum_to)
+from runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
+                           elementwise_meta, is_scalar, ops, prim, same_meta, shape_of, sum_to)
 from runtime.special import erf as _erf
 
 # ---------------------------------------------------------------- unary
@@ -335,7 +335,7 @@ def eq(a, b):
 
 
 def _where_meta(cond, a, b, **_):
-    return (tuple(np.broadcast_shapes(shape_of(cond), shape_of(a), shape_of(b))),
+    return (broadcast_shapes(shape_of(cond), shape_of(a), shape_of(b)),
             np.result_type(dtype_of(a), dtype_of(b)))
 
 
@@ -389,7 +389,7 @@ def full_like(x, value, shape=None, dtype=None):
 
 
 @prim("masked_fill", meta=lambda x, mask, value: (
-    tuple(np.broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value))), x.dtype),
+    broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value)), x.dtype),
     save=(1,))
 def masked_fill(x, mask, value):
     """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is

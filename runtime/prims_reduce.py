@@ -2,9 +2,11 @@
 layer_norm) whose derivatives are written once in prims."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from runtime.prims import as_array, ops, prim, sum_to
+from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 
 
 def _reduced_shape(shape, dims, keepdim):
@@ -63,7 +65,7 @@ def argmax(x, dim, keepdim):
 
 
 def _matmul_meta(a, b):
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
     if a.shape[-1] != b.shape[-2]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
                            f"({a.shape[-2]}x{a.shape[-1]} and {b.shape[-2]}x{b.shape[-1]})")
@@ -144,7 +146,7 @@ def _(ctx, g):
     (x,) = ctx.saved
     shape, k, eps = ctx.shapes[0], ctx.params["ndim"], ctx.params["eps"]
     dims = tuple(range(len(shape) - k, len(shape)))
-    inv_n = 1.0 / float(np.prod(shape[len(shape) - k:], dtype=np.int64))
+    inv_n = 1.0 / float(math.prod(shape[len(shape) - k:]))  # guards a symbolic size
 
     def mean(v):
         return ops.mul(ops.sum(v, dims=dims, keepdim=True), inv_n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.prims import as_array, ops, prim, sum_to
+from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 
 # ---------------------------------------------------------------- views
 
@@ -199,7 +199,7 @@ def _index_meta(x, *indices, pattern):
     # numpy's rule: adjacent index arrays replace their dims in place; separated
     # ones move the broadcast index shape to the front. Boolean masks were turned
     # into integer indices by the front end, so the shape is static.
-    b = tuple(np.broadcast_shapes(*[i.shape for i in indices]))
+    b = broadcast_shapes(*[tuple(i.shape) for i in indices])
     dims = [d for d, p in enumerate(pattern) if p is not None]
     rest = tuple(x.shape[len(pattern):])
     if dims == list(range(dims[0], dims[-1] + 1)):

@@ -65,17 +65,24 @@ def test_apply_with_saved_equals_apply(name, fn, specs):
 
 
 def test_compiled_args_is_deterministic_and_sensitive():
-    def key_of(shape, dim):
+    def key_of(shape, dim, scale=2.0, keepdim=False):
         x = ca.randn(*shape, requires_grad=True)
-        out = (x.exp() * 2).sum(dim)
+        out = (x.exp() * scale).sum(dim, keepdim=keepdim)
         args = CompiledNodeArgs()
         for node in _walk(out.grad_fn):
             node.compiled_args(args)
-        return args.freeze()
+        return args.freeze(), tuple(args.sizes), tuple(args.scalars)
 
     assert key_of((3, 4), 1) == key_of((3, 4), 1)
-    assert key_of((3, 4), 1) != key_of((3, 5), 1)   # sizes
-    assert key_of((3, 4), 1) != key_of((3, 4), 0)   # a non-tensor attribute
+    # Sizes and saved Python floats are runtime values the cache compares, not
+    # structure: a new size may become dynamic, a new scalar is just a new input.
+    assert key_of((3, 4), 1)[0] == key_of((3, 5), 1)[0]
+    assert key_of((3, 4), 1)[1] != key_of((3, 5), 1)[1]
+    assert key_of((3, 4), 1)[0] == key_of((3, 4), 1, 3.0)[0]
+    assert key_of((3, 4), 1)[2] == (2.0,) and key_of((3, 4), 1, 3.0)[2] == (3.0,)
+    # Int params (dims, shape arguments) are compared like sizes; flags are keys.
+    assert key_of((3, 4), 1)[1] != key_of((3, 4), 0)[1]
+    assert key_of((3, 4), 1)[0] != key_of((3, 4), 1, keepdim=True)[0]
 
 
 def test_compiled_args_collects_saved_variables():
