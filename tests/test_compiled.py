@@ -54,6 +54,8 @@ def test_every_op_case_compiled_equals_eager(name, fn, specs):
                   for a, g in zip(arrays, grads)]
         out = fn(ca, *inputs)
         up = ca.tensor(np.random.default_rng(1).standard_normal(out.shape))
+        if compiled:
+            ca.trace_backward(out, grad_outputs=up).graph.lint()
         with _maybe(compiled):
             out.backward(up)
         return [t.grad.numpy() for t, g in zip(inputs, grads) if g]
