@@ -28,7 +28,7 @@ from compiled_autograd.symbolic import ShapeEnv, guards_hold
 log = logging.getLogger("compiled_autograd")
 
 # name -> "module:function" or a compiler callable(graph) -> callable
-BACKENDS: dict = {"eager": Interpreter}
+BACKENDS: dict = {"eager": Interpreter, "python": "codegen.python:compile_graph"}
 
 
 def register_backend(name: str, compiler) -> None:
@@ -86,6 +86,14 @@ class CompiledBackward:
     def print_tabular(self):
         """Print opcode | name | target | args | shape | bytes, one row per node."""
         print(self.graph.tabular())
+
+    @property
+    def code(self) -> str:
+        """The generated straight-line Python source (backend "python")."""
+        fn = self.fn
+        if getattr(fn, "code", None) is None:
+            fn = resolve_backend("python")(self.graph)
+        return fn.code
 
     def to_dot(self) -> str:
         return self.graph.to_dot()
@@ -166,7 +174,7 @@ class compiled_backward:
     """Context manager: ``.backward()`` and ``autograd.grad`` inside run through
     compiled autograd with ``backend`` ("eager" | a registered name | a callable)."""
 
-    def __init__(self, backend="eager", dynamic=False, unpack="progressive"):
+    def __init__(self, backend="python", dynamic=False, unpack="progressive"):
         if unpack not in ("progressive", "upfront"):
             raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack

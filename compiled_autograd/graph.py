@@ -16,6 +16,7 @@ counts live bytes with it.
 from __future__ import annotations
 
 import json
+import keyword
 import re
 
 import numpy as np
@@ -125,6 +126,8 @@ class Graph:
 
     def _unique(self, hint: str) -> str:
         base = re.sub(r"\W|^(?=\d)", "_", hint) or "v"
+        if keyword.iskeyword(base) or base in BOXED and hint not in BOXED:
+            base += "_"
         n = self._names.get(base, 0)
         self._names[base] = n + 1
         return base if n == 0 and not base[-1].isdigit() else f"{base}_{n}"

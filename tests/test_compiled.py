@@ -14,6 +14,15 @@ from op_cases import CASES, make_inputs
 BACKEND = "eager"
 
 
+@pytest.fixture(autouse=True, params=["eager", "python"])
+def backend(request):
+    """Every scenario runs on the reference interpreter and on generated Python."""
+    global BACKEND
+    BACKEND = request.param
+    yield request.param
+    BACKEND = "eager"
+
+
 @pytest.fixture(autouse=True)
 def fresh_cache():
     ca.reset_compiled_autograd()

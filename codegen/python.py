@@ -1,0 +1,163 @@
+"""Backend "python": a graph becomes one straight-line Python function.
+
+The source comes from ``templates/python_backward.py.j2``; this module only turns
+graph nodes into structured lines for it. Every value is dropped right after its
+last use (``Graph.last_uses``, the liveness analysis the interpreter uses too).
+Kernels, hook callers and constants are globals of the generated function, never
+pasted as text; user-controlled strings (autograd node names of custom Functions)
+only reach comments, sanitised. The source is registered with ``linecache`` so a
+traceback shows the generated line.
+
+Two functions share one code object: one calling the kernels directly, one calling
+them through ``run_kernel`` so that ``ca.memory.profile()`` sees every allocation.
+"""
+from __future__ import annotations
+
+import hashlib
+import linecache
+import math
+import re
+import types
+from functools import partial
+
+import jinja2
+
+from compiled_autograd.graph import Node
+from compiled_autograd.hook_calls import CALL_HOOK
+from compiled_autograd.symbolic import SymFloat, SymInt
+from runtime import memory
+from runtime.prims import PRIMS, run_kernel
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates"),
+                          autoescape=False, keep_trailing_newline=True,
+                          undefined=jinja2.StrictUndefined)
+
+
+def render_expr(expr) -> str:
+    """Python for a symbolic size or scalar: reads of ``sizes``/``scalars`` and
+    integer arithmetic, nothing else."""
+    if isinstance(expr, bool) or not isinstance(expr, (int, float, tuple)):
+        raise TypeError(f"not a size expression: {expr!r}")
+    if isinstance(expr, (int, float)):
+        return repr(expr)
+    if expr[0] == "s":
+        return f"sizes[{int(expr[1])}]"
+    if expr[0] == "c":
+        return f"scalars[{int(expr[1])}]"
+    op, a, b = expr
+    if op not in ("+", "-", "*", "//", "/"):
+        raise ValueError(f"unknown size operator {op!r}")
+    return f"({render_expr(a)} {op} {render_expr(b)})"
+
+
+def _comment(text) -> str:
+    """A user-controlled name (a custom Function's) as a comment: identifier
+    characters only, so it can neither end the comment line nor look like code."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", str(text))[:80]
+
+
+class _Source:
+    """Builds the template's data and the constants table."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.constants: dict[str, object] = {}
+
+    def const(self, value):
+        name = f"_c{len(self.constants)}"
+        self.constants[name] = value
+        return {"kind": "lit", "text": name}
+
+    def value(self, v):
+        if isinstance(v, Node):
+            return {"kind": "name", "text": v.name}
+        if isinstance(v, (SymInt, SymFloat)):
+            return {"kind": "lit", "text": render_expr(v.expr)}
+        if v is None or type(v) in (bool, int):
+            return {"kind": "lit", "text": repr(v)}
+        if type(v) is float and math.isfinite(v):
+            return {"kind": "lit", "text": repr(v)}
+        if isinstance(v, tuple):
+            return {"kind": "tuple", "elements": [self.value(x) for x in v]}
+        return self.const(v)  # dtypes, strings, non-finite floats, anything else
+
+    def lines(self):
+        dies_after = self.graph.last_uses()
+        blocks, current = [], None
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            frees = [d.name for d in dies_after.get(node, ())
+                     if not (d is node and node.op == "call_hook" and not _has_value(node))]
+            line = self.line(node, frees)
+            source = _comment(node.meta.get("source") or "") if node.op != "output" else ""
+            if current is None or current["source"] != source:
+                current = {"source": source, "nodes": []}
+                blocks.append(current)
+            current["nodes"].append(line)
+        return blocks
+
+    def line(self, node, frees):
+        base = {"name": node.name, "frees": frees}
+        if node.op == "output":
+            return dict(base, kind="output", result=self.value(node.args[0]))
+        if node.op == "call_hook":
+            return dict(base, kind="hook", target=node.target, has_value=_has_value(node),
+                        args=[self.value(a) for a in node.args])
+        if node.target == "getitem":
+            container, index = node.args
+            if container.op == "placeholder":
+                return dict(base, kind="take", box=container.name, index=int(index))
+            return dict(base, kind="item", container=container.name, index=int(index))
+        if node.target not in PRIMS:
+            raise RuntimeError(f"python codegen: unknown target {node.target!r}")
+        return dict(base, kind="prim", target=node.target,
+                    args=[self.value(a) for a in node.args],
+                    kwargs=[(k, self.value(v)) for k, v in node.kwargs.items()])
+
+
+def _has_value(node):
+    return node.target not in ("accumulate_grad", "post_acc_grad_hook") or bool(node.users)
+
+
+def generate(graph):
+    """(source, constants) of the graph's Python function."""
+    src = _Source(graph)
+    blocks = src.lines()
+    text = _ENV.get_template("python_backward.py.j2").render(
+        blocks=blocks, n_nodes=len(graph.nodes))
+    return text.rstrip() + "\n", src.constants
+
+
+def _accounted(prim, *args, **params):
+    return run_kernel(prim, args, params)
+
+
+class PythonBackward:
+    """The compiled function: ``(inputs, sizes, scalars, hooks, packed_data)``."""
+
+    def __init__(self, graph):
+        self.code, constants = generate(graph)
+        self.filename = f"<compiled_autograd backward {hashlib.sha1(self.code.encode()).hexdigest()[:12]}>"
+        linecache.cache[self.filename] = (len(self.code), None,
+                                          self.code.splitlines(True), self.filename)
+        fast = {"__builtins__": __builtins__, **constants}
+        for name, prim in PRIMS.items():
+            fast[f"_k_{name}"] = prim.kernel
+        for kind, fn in CALL_HOOK.items():
+            fast[f"_h_{kind}"] = fn
+        exec(compile(self.code, self.filename, "exec"), fast)
+        self.fast = fast["compiled_backward"]
+        accounted = dict(fast)
+        for name, prim in PRIMS.items():
+            accounted[f"_k_{name}"] = partial(_accounted, prim)
+        self.accounted = types.FunctionType(self.fast.__code__, accounted, "compiled_backward")
+
+    def __call__(self, inputs, sizes, scalars, hooks, packed_data):
+        fn = self.accounted if memory.active() else self.fast
+        return fn(inputs, sizes, scalars, hooks, packed_data)
+
+
+def compile_graph(graph):
+    """The backend entry point registered as "python"."""
+    return PythonBackward(graph)
