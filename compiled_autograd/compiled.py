@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -114,9 +115,21 @@ class _Family:
 
     def lookup(self, sizes, scalars):
         for static, guards, entry in self.entries:
-            if all(sizes[p] == v for p, v in static) and guards_hold(guards, sizes, scalars):
+            if static(sizes) and (not guards or guards_hold(guards, sizes, scalars)):
                 return entry
         return None
+
+
+def _static_check(sizes, dynamic):
+    """A C-speed test that the static sizes equal these."""
+    positions = [p for p in range(len(sizes)) if p not in dynamic]
+    if len(positions) == len(sizes):
+        return sizes.__eq__
+    if not positions:
+        return lambda s: True
+    pick = operator.itemgetter(*positions)
+    expected = pick(sizes)
+    return lambda s: pick(s) == expected
 
 
 _cache: dict = {}
@@ -129,6 +142,14 @@ def reset_compiled_autograd() -> None:
         _cache.clear()
         for k in _stats:
             _stats[k] = 0 if k != "compile_seconds" else 0.0
+
+
+def _node_type(item):
+    if isinstance(item, type):
+        return item
+    if isinstance(item, tuple) and item and isinstance(item[0], type):
+        return item[0]
+    return None
 
 
 def _miss_reason(collected_key):
@@ -144,18 +165,18 @@ def _miss_reason(collected_key):
             best, best_len = other, n
     if best is None:
         return "cache miss: empty cache"
-    # Name the autograd node whose collected args differ.
+    # Name the autograd node whose collected args differ (NodeCall = its rank).
     call = sum(1 for item in collected_key[:best_len + 1]
                if isinstance(item, tuple) and item and item[0] == "node") - 1
     item = collected_key[best_len] if best_len < len(collected_key) else None
-    node_type = next((k for k in reversed(collected_key[:best_len + 1]) if isinstance(k, type)),
-                     None)
-    if isinstance(item, type):
-        return f"cache miss: new autograd node {item.__name__} (NodeCall {call})"
+    theirs = best[-1][best_len] if best_len < len(best[-1]) else None
+    ours_type = _node_type(item)
+    if ours_type is not None and ours_type is not _node_type(theirs):
+        return f"cache miss: new autograd node {ours_type.__name__} (NodeCall {call})"
+    node_type = next((_node_type(k) for k in reversed(collected_key[:best_len + 1])
+                      if _node_type(k) is not None), None)
     what = node_type.__name__ if node_type else "graph"
-    if isinstance(item, tuple) and item and item[0] == "sizes":
-        return f"cache miss: sizes of {what} changed (NodeCall {call})"
-    return f"cache miss: changed {what} args {item!r} (NodeCall {call})"
+    return f"cache miss: changed args of {what} (NodeCall {call}): {item!r}"
 
 
 # ---------------------------------------------------------------- options
@@ -271,8 +292,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
                              len(input_edges or ()), family.dynamic)
-    static = tuple((p, v) for p, v in enumerate(sizes) if p not in family.dynamic)
-    family.entries.append((static, guards, entry))
+    family.entries.append((_static_check(sizes, family.dynamic), guards, entry))
     family.last_sizes = sizes
     return entry
 

@@ -30,7 +30,7 @@ class CompiledNodeArgs:
         self.sizes: list = []            # every collected size, flat
         self.scalars: list = []          # lifted Python floats
         self.slot: dict = {}             # id(obj) -> where its runtime value sits
-        self.node_name = "backward"      # set by the walker, for error messages
+        self.node = None                 # the node being collected (for error messages)
         self._node_ids: dict = {}
 
     # ---------------------------------------------------------- key only
@@ -43,31 +43,59 @@ class CompiledNodeArgs:
         """Tensor sizes. Their number is part of the key, their values are not: the
         cache compares the values, so a size that changes can become dynamic.
         ``owner`` (a node, a saved variable, ...) lets the tracer find them again."""
-        shapes = tuple(None if s is None else tuple(int(d) for d in s) for s in shapes)
-        self.key.append(("sizes", tuple(None if s is None else len(s) for s in shapes)))
         if owner is not None:
             self.slot[("sizes", _key(owner))] = len(self.sizes)
+        ndims = []
         for s in shapes:
-            if s is not None:
-                self.sizes.extend(s)
+            if s is None:
+                ndims.append(None)
+            else:
+                ndims.append(len(s))
+                self.sizes.extend(s)  # numpy shapes: tuples of Python ints
+        self.key.append(("sizes", tuple(ndims)))
 
     def collect_params(self, params, owner) -> None:
         """A prim's static params. Their ints (shape arguments, dims, offsets) are
         collected as sizes -- compared, and made dynamic if they change -- and the
         rest (flags, dtypes, strings, floats) is part of the key."""
-        ints = []
-
-        def skeleton(v):
-            if type(v) is int or isinstance(v, np.integer):
-                ints.append(int(v))
-                return "#"
-            if isinstance(v, tuple):
-                return tuple(skeleton(x) for x in v)
-            return v
-        items = tuple(sorted(params.items()))
-        self.key.append(("params", tuple((k, skeleton(v)) for k, v in items)))
+        items = tuple(params.items())
+        split = _PARAM_SPLITS.get(items)
+        if split is None:
+            split = _PARAM_SPLITS[items] = _split_params(params)
+        self.key.append(split[0])
         self.slot[("sizes", _key(owner))] = len(self.sizes)
-        self.sizes.extend(ints)
+        self.sizes.extend(split[1])
+
+    def collect_prim_node(self, node) -> None:
+        """Everything a prim's backward node depends on, in one step (the hot path
+        of a cache hit): type, params (ints as sizes), input sizes, dtypes, saved
+        values (Python floats lifted into scalars)."""
+        sizes, slot, nid = self.sizes, self.slot, id(node)
+        items = tuple(node.params.items())
+        split = _PARAM_SPLITS.get(items)
+        if split is None:
+            split = _PARAM_SPLITS[items] = _split_params(node.params)
+        slot[("sizes", ("params", nid))] = len(sizes)
+        sizes.extend(split[1])
+        slot[("sizes", nid)] = len(sizes)
+        ndims = []
+        for shape in node.shapes:
+            if shape is None:
+                ndims.append(None)
+            else:
+                ndims.append(len(shape))
+                sizes.extend(shape)
+        self.key.append((type(node), split[0], tuple(ndims), node.dtypes))
+        for i, item in enumerate(node.saved):
+            if isinstance(item, tuple):
+                for sv in item:
+                    self.collect_saved(sv)
+            elif item.__class__ is float:
+                self.collect_scalar(item, (nid, i))
+            elif hasattr(item, "unpack_array"):
+                self.collect_saved(item)
+            else:
+                self.key.append(item)
 
     def collect_scalar(self, value, owner) -> None:
         """A Python float a node saved: a runtime value (``scalars``), not a key."""
@@ -80,8 +108,10 @@ class CompiledNodeArgs:
         return self._node_ids.setdefault(node, len(self._node_ids))
 
     def collect_edges(self, node) -> None:
+        ids = self._node_ids
         self.key.append(("edges", tuple(
-            None if fn is None else (self.node_id(fn), nr) for fn, nr in node.next_functions)))
+            [None if fn is None else (ids.setdefault(fn, len(ids)), nr)
+             for fn, nr in node.next_functions])))
 
     # ---------------------------------------------------------- runtime values
 
@@ -94,8 +124,9 @@ class CompiledNodeArgs:
         """A saved variable: its metadata is part of the key, its value is a runtime
         input -- an array, or (under saved-tensor hooks) its unpack hook and packed
         data. Checked here (freed? modified in place?) as eager checks up front."""
-        sv.check(self.node_name)
         hooked = sv.unpack_hook is not None
+        if sv.released or (not hooked and sv._version_counter.value != sv.saved_version):
+            sv.check(self.node.name() if self.node is not None else "backward")  # raises
         self.key.append(("saved", sv.dtype.str, hooked))
         self.collect_sizes((sv.shape,), owner=sv)
         self.saved.append(sv)
@@ -104,7 +135,7 @@ class CompiledNodeArgs:
             self.hooks.append(sv.unpack_hook)
             self.packed_data.append(sv.packed)
         else:
-            self._input(sv, sv.unpack_array(self.node_name))
+            self._input(sv, sv._data if sv._tensor is None else sv._tensor._data)
 
     def collect_leaf(self, variable) -> None:
         """The leaf Tensor an AccumulateGrad writes into."""
@@ -127,6 +158,23 @@ class CompiledNodeArgs:
 
     def freeze(self) -> tuple:
         return tuple(self.key)
+
+
+_PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
+
+
+def _split_params(params):
+    ints = []
+
+    def skeleton(v):
+        if type(v) is int or isinstance(v, np.integer):
+            ints.append(int(v))
+            return "#"
+        if isinstance(v, tuple):
+            return tuple(skeleton(x) for x in v)
+        return v
+    items = tuple(sorted(params.items()))
+    return ("params", tuple((k, skeleton(v)) for k, v in items)), tuple(ints)
 
 
 def _key(owner):

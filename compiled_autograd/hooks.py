@@ -119,7 +119,8 @@ def has_hooks(node) -> bool:
     if d.get("_tensor_pre_hooks") or d.get("_retains_grad") or d.get("_pre_hooks"):
         return True
     variable = d.get("variable")
-    return variable is not None and bool(variable._backward_hooks)
+    return variable is not None and bool(variable._backward_hooks or
+                                         variable._post_accumulate_grad_hooks)
 
 
 # ---------------------------------------------------------------- running them

@@ -71,7 +71,10 @@ class Node:
             sv.release()
 
     def static_needs(self):
-        return tuple(fn is not None for fn, _ in self.next_functions)
+        needs = self.__dict__.get("_static_needs")
+        if needs is None:
+            needs = self._static_needs = tuple(fn is not None for fn, _ in self.next_functions)
+        return needs
 
     def apply(self, grads, needs=None):
         raise NotImplementedError(f"{self.name()}.apply")
@@ -137,20 +140,9 @@ class PrimBackward(Node):
         return self.run_formula(grads, needs, self._unpack(as_tensor))
 
     def compiled_args(self, args) -> None:
-        args.collect(type(self))
-        args.collect_params(self.params, owner=("params", id(self)))
-        args.collect_sizes(self.shapes, owner=self)
-        args.collect(self.dtypes)
-        for i, item in enumerate(self.saved):
-            if isinstance(item, tuple):
-                for sv in item:
-                    args.collect_saved(sv)
-            elif hasattr(item, "unpack_array"):
-                args.collect_saved(item)
-            elif type(item) is float:
-                args.collect_scalar(item, (id(self), i))  # lifted: not part of the key
-            else:
-                args.collect(item)
+        # type, params (their ints as sizes), input sizes, dtypes, saved values;
+        # saved Python floats are lifted into scalars, not keyed.
+        args.collect_prim_node(self)
 
     def apply_with_saved(self, grads, saved):
         values = []

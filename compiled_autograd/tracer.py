@@ -308,33 +308,34 @@ def _retainer(ref):
 # -------------------------------------------------------------- the two walks
 
 def collect(task, roots):
-    """The key and runtime values of this backward, in walk order."""
+    """The key and runtime values of this backward. Nodes are visited in the graph
+    task's discovery order (a deterministic walk of the structure; runtime values
+    are found again by identity, so the trace may visit in eager's order)."""
     args = CompiledNodeArgs()
     args.collect(("roots", tuple((args.node_id(fn), nr, np.asarray(g).dtype.str)
                                  for (fn, nr), g in roots)))
     for i, (_, g) in enumerate(roots):
         args.collect_sizes((np.shape(g),), owner=("root", i))
-    args.collect(("captures", tuple(sorted((args.node_id(fn), nr, tuple(idx))
-                                           for (fn, nr), idx in task.captures.items()))))
-
-    def visit(fn, grads):
-        runs = task.will_run(fn)
-        args.node_name = fn.name()
+    captures = task.captures
+    if captures:
+        args.collect(("captures", tuple(sorted((args.node_id(fn), nr, tuple(idx))
+                                               for (fn, nr), idx in captures.items()))))
+    captured_fns = {fn for fn, _ in captures}
+    exec_info = task.exec_info
+    has_hooks = _hooks.has_hooks
+    for fn in task.nodes:
+        runs = exec_info is None or exec_info.get(fn, False)
+        if not runs and fn not in captured_fns:
+            continue
+        args.node = fn
         args.collect(("node", args.node_id(fn), runs))
-        hooks = node_hooks(fn)
-        if runs or task.captures.keys() & {(fn, nr) for nr in range(len(grads))}:
-            for kind, nr, h in hooks:
+        if has_hooks(fn) or fn.__dict__.get("_post_hooks"):
+            for kind, nr, h in node_hooks(fn):
                 if runs or kind == "tensor_pre_hook":
                     args.collect_hook(kind, nr, h)
-        if not runs:
-            return (None,) * len(fn.next_functions)
-        fn.compiled_args(args)
-        args.collect_edges(fn)
-        if isinstance(fn, AccumulateGrad):
-            return ()
-        return tuple(True if n else None for n in task.needs_of(fn))
-
-    engine.walk(task, [(edge, True) for edge, _ in roots], visit, add=lambda a, b: True)
+        if runs:
+            fn.compiled_args(args)
+            args.collect_edges(fn)
     return args
 
 

@@ -1,0 +1,221 @@
+"""Backward time, side by side: ca's eager engine, compiled autograd with the "eager"
+(interpreter) and "python" (generated code) backends, and torch's eager autograd,
+on the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16 elements), the
+large MLP (8 x 1024, batch 256) and the transformer (4 layers, d_model 128);
+medians, at 1 thread and at the default thread count (each in a fresh process,
+since BLAS threads are fixed at start-up). Compiled times are whole cache hits
+(collecting the autograd graph's compiled args, looking up, running the code);
+capture+codegen and the cache hit alone are reported too.
+
+    python benchmarks/backward.py [--reps N] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = ("small_mlp", "chain", "large_mlp", "transformer")
+
+
+def _torch_setup(case):
+    import numpy as np
+    import torch
+    from compiled_autograd.examples import build
+    F = torch.nn.functional
+    if case == "chain":
+        x = torch.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
+                         requires_grad=True)
+        ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
+
+        def loss():
+            h = x
+            for i in range(200):
+                h = ops[i % 4](h)
+            return h.sum()
+        return loss, [x]
+    name = "mlp" if "mlp" in case else "transformer"
+    sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
+             "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
+    ex = build(name, **sizes)
+    P = {n: torch.tensor(p.detach().numpy(), requires_grad=True)
+         for n, p in ex.model.named_parameters()}
+    if name == "mlp":
+        x = torch.from_numpy(ex.inputs["x"].numpy())
+        t = torch.from_numpy(ex.inputs["target"].numpy())
+        layers = sizes["layers"]
+
+        def loss():
+            h = x
+            for i in range(layers):
+                h = F.linear(h, P[f"net.{2 * i}.weight"], P[f"net.{2 * i}.bias"])
+                if i < layers - 1:
+                    h = torch.tanh(h)
+            return F.mse_loss(h, t)
+        return loss, list(P.values())
+    tokens = torch.from_numpy(ex.inputs["tokens"].numpy())
+    targets = torch.from_numpy(ex.inputs["targets"].numpy())
+    s = ex.sizes
+
+    def loss():
+        b, n = tokens.shape
+        d, heads = s["d_model"], s["heads"]
+        x = P["tok.weight"][tokens] + P["pos.weight"][torch.arange(n)]
+        for i in range(s["layers"]):
+            p = lambda k: P[f"blocks.{i}.{k}"]  # noqa: E731
+            h = F.layer_norm(x, (d,), p("ln1.weight"), p("ln1.bias"))
+            q, k, v = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias")).chunk(3, -1)
+            q, k, v = (z.reshape(b, n, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, n, d), p("attn.proj.weight"),
+                             p("attn.proj.bias"))
+            h = F.layer_norm(x, (d,), p("ln2.weight"), p("ln2.bias"))
+            x = x + F.linear(F.gelu(F.linear(h, p("fc1.weight"), p("fc1.bias"))),
+                             p("fc2.weight"), p("fc2.bias"))
+        logits = F.linear(F.layer_norm(x, (d,), P["ln.weight"], P["ln.bias"]),
+                          P["head.weight"], P["head.bias"])
+        return F.cross_entropy(logits.reshape(b * n, -1), targets.reshape(b * n))
+    return loss, list(P.values())
+
+
+def _ca_setup(case):
+    import numpy as np
+    import compiled_autograd as ca
+    from compiled_autograd.examples import build
+    if case == "chain":
+        x = ca.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
+                      requires_grad=True)
+        ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
+
+        def loss():
+            h = x
+            for i in range(200):
+                h = ops[i % 4](h)
+            return h.sum()
+        return loss, [x]
+    sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
+             "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
+    ex = build("mlp" if "mlp" in case else "transformer", **sizes)
+    return ex.loss, ex.parameters()
+
+
+def _median_backward(make_loss, params, reps, run):
+    times = []
+    for i in range(reps + 3):
+        loss = make_loss()
+        start = time.perf_counter()
+        run(loss)
+        elapsed = time.perf_counter() - start
+        for p in params:
+            p.grad = None
+        if i >= 3:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def measure(reps):
+    """One process: every case and mode; returns {case: {mode: seconds}}."""
+    import compiled_autograd as ca
+    try:
+        import torch
+        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
+                              torch.get_num_threads())
+    except ImportError:
+        torch = None
+    out = {}
+    for case in CASES:
+        n = max(3, reps // 10) if case in ("large_mlp", "transformer") else reps
+        make_loss, params = _ca_setup(case)
+        row = {"eager": _median_backward(make_loss, params, n, lambda l: l.backward())}
+        for backend in ("eager", "python"):
+            ca.reset_compiled_autograd()
+
+            def run(loss, backend=backend):
+                with ca.compiled_backward(backend=backend):
+                    loss.backward()
+            row[f"graph:{backend}"] = _median_backward(make_loss, params, n, run)
+        ca.reset_compiled_autograd()
+        loss = make_loss()
+        start = time.perf_counter()
+        with ca.compiled_backward(backend="python"):
+            loss.backward()
+        row["first (capture+codegen+run)"] = time.perf_counter() - start
+        row["capture+codegen"] = ca.compiled_autograd_stats()["compile_seconds"]
+        row["cache hit alone"] = _cache_hit_time(make_loss, n)
+        if torch is not None:
+            t_loss, t_params = _torch_setup(case)
+            row["torch"] = _median_backward(t_loss, t_params, n, lambda l: l.backward())
+        out[case] = row
+    return out
+
+
+def _cache_hit_time(make_loss, reps):
+    from compiled_autograd import compiled, engine
+    times = []
+    for _ in range(reps):
+        loss = make_loss()
+        start = time.perf_counter()
+        roots = engine._make_root_grads([loss], None, False)
+        _, collected, key = compiled._prepare(roots, None, True, "progressive")
+        family = compiled._Family(set(), [(compiled._static_check(tuple(collected.sizes),
+                                                                   set()), [], None)])
+        family.lookup(tuple(collected.sizes), collected.scalars)
+        hash(key)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--worker", choices=["1", "default"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args.reps)))
+        return
+    results = {}
+    for threads in ("1", "default"):
+        env = dict(os.environ)
+        if threads == "1":
+            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                       CA_BENCH_THREADS="1")
+        proc = subprocess.run([sys.executable, __file__, "--reps", str(args.reps),
+                               "--worker", threads], env=env, capture_output=True, text=True,
+                              check=True)
+        results[threads] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; medians of {args.reps} (large MLP and transformer: "
+          f"{max(3, args.reps // 10)})")
+    modes = ["eager", "graph:eager", "graph:python", "torch"]
+    for threads, res in results.items():
+        print(f"\nthreads: {threads}")
+        print(f"{'case':<12}" + "".join(f"{m:>14}" for m in modes) +
+              f"{'python/eager':>14}{'python/torch':>14}")
+        for case, row in res.items():
+            cells = "".join(f"{_fmt(row.get(m)):>14}" for m in modes)
+            ratio = row["graph:python"] / row["eager"]
+            vs_torch = (f"{row['graph:python'] / row['torch']:>14.2f}" if "torch" in row
+                        else f"{'-':>14}")
+            print(f"{case:<12}{cells}{ratio:>14.2f}{vs_torch}")
+        print(f"{'case':<12}{'capture+codegen':>18}{'first backward':>16}"
+              f"{'cache hit alone':>17}{'hit/eager':>11}")
+        for case, row in res.items():
+            print(f"{case:<12}{_fmt(row['capture+codegen']):>18}"
+                  f"{_fmt(row['first (capture+codegen+run)']):>16}"
+                  f"{_fmt(row['cache hit alone']):>17}"
+                  f"{row['cache hit alone'] / row['eager']:>11.3f}")
+
+
+def _fmt(seconds):
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.2f}ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f}us"
+
+
+if __name__ == "__main__":
+    main()
