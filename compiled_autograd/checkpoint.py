@@ -73,10 +73,13 @@ class _Handle:
 
 class _Holder:
     """What the forward's pack hook stores instead of a tensor."""
-    __slots__ = ("handles", "__weakref__")
+    __slots__ = ("handles", "alias", "__weakref__")
 
-    def __init__(self):
+    def __init__(self, alias=False):
         self.handles = {}  # graph task id -> _Handle, or None once unpacked
+        # True when the saved tensor is a leaf, a checkpoint input, or a view of
+        # one: recomputing it allocates nothing (for memory planning).
+        self.alias = alias
 
 
 class _StopRecomputation(Exception):
@@ -86,8 +89,9 @@ class _StopRecomputation(Exception):
 class _Frame:
     """The state of one checkpointed call, shared by its hooks."""
 
-    def __init__(self, recompute_fn, early_stop, check_metadata):
+    def __init__(self, recompute_fn, early_stop, check_metadata, input_roots=frozenset()):
         self.recompute_fn = recompute_fn
+        self.input_roots = input_roots   # ids of the inputs' storages (kept anyway)
         self.early_stop = early_stop
         self.check_metadata = check_metadata
         self.weak_holders = []
@@ -158,7 +162,8 @@ class _CheckpointHooks(saved_tensors_hooks):
 
     def __init__(self, frame):
         def pack(x):
-            holder = _Holder()
+            root = x._base if x._base is not None else x
+            holder = _Holder(alias=root._grad_fn is None or id(root) in frame.input_roots)
             frame.weak_holders.append(weakref.ref(holder))
             if frame.check_metadata:
                 frame.x_metadatas.append(_metadata(x))
@@ -240,7 +245,9 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=_noop_contexts,
                 _fork_rng(rng_state), set_grad_enabled(grad_was_enabled), recompute_ctx:
             function(*inputs, **kwargs)
 
-    frame = _Frame(recompute, _EARLY_STOP[0], determinism_check == "default")
+    roots = frozenset(id(args[i]._base if args[i]._base is not None else args[i])
+                      for i in positions)
+    frame = _Frame(recompute, _EARLY_STOP[0], determinism_check == "default", roots)
     with _CheckpointHooks(frame), forward_ctx:
         out = function(*args, **kwargs)
     frame.forward_completed = True

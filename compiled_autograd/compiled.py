@@ -83,6 +83,13 @@ class CompiledBackward:
     constants: list
     key: tuple
     unpack: str
+    packed_kinds: list = None
+
+    def memory_schedule(self):
+        """The planned schedule: live bytes after every node, the peak, what is
+        live at the peak, each unpacked value's unpack and free step."""
+        from compiled_autograd.schedule import memory_schedule
+        return memory_schedule(self.graph, self.packed_kinds or ())
 
     def print_tabular(self):
         """Print opcode | name | target | args | shape | bytes, one row per node."""
@@ -235,7 +242,8 @@ def _compile(task, roots, collected, key, unpack, compiler, n_captures, dynamic)
     _stats["compiles"] += 1
     _stats["compile_seconds"] += time.perf_counter() - start
     _log("graph", f"compiled autograd graph {_stats['captures']}:\n{graph}")
-    return CompiledBackward(graph, fn, traced.constants, key, unpack), env.guards
+    return CompiledBackward(graph, fn, traced.constants, key, unpack,
+                            packed_kinds(collected)), env.guards
 
 
 def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
@@ -321,8 +329,27 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
         traced = tracer.trace(task, roots, collected, len(input_edges or ()))
         passes.eliminate_dead_code(traced.graph)
         passes.place_reads(traced.graph, unpack)
-    return CompiledBackward(traced.graph, None, traced.constants, key, unpack)
+    return CompiledBackward(traced.graph, None, traced.constants, key, unpack,
+                            packed_kinds(collected))
 
 
-def _as_arrays(values):
-    return [None if v is None else np.asarray(v) for v in values]
+def packed_kinds(collected):
+    """What each packed datum is: ("checkpoint", segment, alias), ("offload", None)
+    or ("hook", None) -- for planning what an unpack allocates."""
+    from compiled_autograd.autograd.graph import _OffloadedTensor
+    from compiled_autograd.checkpoint import _Holder
+    hook_of = {}
+    for sv in collected.saved:
+        where = collected.slot.get(id(sv))
+        if where and where[0] == "hooked":
+            hook_of[where[2]] = collected.hooks[where[1]]
+    segments, kinds = {}, []
+    for j, packed in enumerate(collected.packed_data):
+        if isinstance(packed, _Holder):
+            kinds.append(("checkpoint", segments.setdefault(id(hook_of.get(j)), len(segments)),
+                          packed.alias))
+        elif isinstance(packed, _OffloadedTensor):
+            kinds.append(("offload", None))
+        else:
+            kinds.append(("hook", None))
+    return kinds

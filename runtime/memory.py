@@ -199,6 +199,12 @@ def on_array(arr, name, cat=None):
         tracker.alloc(arr, name, cat)
 
 
+def mark(label):
+    """A named point in the timeline (a graph node finished), for alignment."""
+    for tracker in _trackers:
+        tracker.events.append(Event(tracker.step, "mark", 0, "", label, 0))
+
+
 def on_retag(arr, cat):
     for tracker in _trackers:
         tracker.retag(arr, cat)

@@ -1,0 +1,155 @@
+"""The planned memory schedule of a compiled backward: live bytes after every graph
+node, from the graph alone (``Graph.last_uses`` -- the liveness analysis every
+backend uses -- and the nodes' ``meta``).
+
+What allocates, in the plan:
+- a prim's output, unless the prim is a view (its storage is its input's, which
+  then lives as long as any of its views);
+- an ``unpack_hook`` that reloads an offloaded value (category reloaded);
+- the first ``unpack_hook`` of a checkpointed segment: recomputation produces every
+  saved value of the segment at once; each is handed to its own unpack later and
+  freed after that value's last use (category recomputed);
+- ``accumulate_grad``: the leaf's new ``.grad`` (assuming it was None).
+Saved values and leaves read from ``inputs`` existed before the backward and are
+not counted, as ``ca.memory.profile()`` counts only what is allocated inside it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.prims import PRIMS
+
+
+@dataclass
+class Step:
+    index: int
+    node: str
+    op: str
+    target: str
+    source: str | None
+    allocated: int
+    live_bytes: int            # after the node, once its dead inputs are freed
+    peak_bytes: int = 0        # while it runs: its inputs and its output together
+    event: str | None = None   # "recompute", "reload", "unpack", "accumulate"
+
+
+@dataclass
+class LiveValue:
+    name: str
+    bytes: int
+    category: str
+    source: str | None
+
+
+@dataclass
+class MemorySchedule:
+    steps: list
+    peak_bytes: int
+    peak_node: str | None
+    live_at_peak: list
+    unpacks: dict = field(default_factory=dict)  # value -> (unpack step, free step)
+
+    def table(self, limit=None) -> str:
+        """A text table: step | node | target | allocated | live | event."""
+        rows = [f"{'step':>5}  {'node':<22} {'target':<18} {'allocated':>12} "
+                f"{'while running':>14} {'live after':>12}  event"]
+        steps = self.steps if limit is None else self.steps[:limit]
+        for s in steps:
+            rows.append(f"{s.index:>5}  {s.node[:22]:<22} {str(s.target)[:18]:<18} "
+                        f"{s.allocated:>12,} {s.peak_bytes:>14,} {s.live_bytes:>12,}  "
+                        f"{s.event or ''}")
+        return "\n".join(rows)
+
+
+def _packed_index(node):
+    packed = node.args[1]
+    return packed.args[1] if packed.op == "call_function" and packed.target == "getitem" else None
+
+
+def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
+    """Plan the live bytes of ``graph``. ``packed_kinds[j]`` says what
+    ``packed_data[j]`` is: ("checkpoint", segment, alias), ("offload", None) or
+    ("hook", None)."""
+    dies_after = graph.last_uses()
+    storage_of, owners, size, category, source = {}, {}, {}, {}, {}
+    group_members: dict = {}
+    for node in graph.nodes:
+        if node.op == "call_hook" and node.target == "unpack_hook":
+            j = _packed_index(node)
+            if j is not None and j < len(packed_kinds) and packed_kinds[j][0] == "checkpoint" \
+                    and not packed_kinds[j][2]:  # aliases of kept tensors allocate nothing
+                group_members.setdefault(packed_kinds[j][1], []).append(node)
+    recomputed_groups = set()
+    live, steps, peak, peak_index, peak_live = 0, [], 0, None, []
+    unpack_step = {}
+
+    def own(node, key, nbytes, cat):
+        storage_of[node] = key
+        owners[key] = owners.get(key, 0) + 1
+        size.setdefault(key, nbytes)
+        category.setdefault(key, cat)
+        source.setdefault(key, node.meta.get("source"))
+
+    for i, node in enumerate(graph.nodes):
+        allocated, event = 0, None
+        if node.op == "call_function" and node.target != "getitem":
+            prim = PRIMS[node.target]
+            base = next((a for a in node.args if hasattr(a, "op")), None)
+            if prim.view and base is not None:
+                if base in storage_of:  # else a view of a value made before the backward
+                    own(node, storage_of[base], 0, category.get(storage_of[base], "gradient"))
+            else:
+                allocated = node.meta.get("nbytes") or 0
+                own(node, node, allocated, "gradient")
+        elif node.op == "call_hook" and node.target == "unpack_hook":
+            j = _packed_index(node)
+            kind, group, *alias = packed_kinds[j] if j is not None and j < len(packed_kinds) \
+                else ("hook", None)
+            nbytes = node.meta.get("nbytes") or 0
+            unpack_step[node.name] = i
+            if kind == "checkpoint" and alias and alias[0]:
+                event = "unpack"  # a leaf or kept input: recomputation allocates nothing
+            elif kind == "checkpoint":
+                if group not in recomputed_groups:
+                    recomputed_groups.add(group)
+                    burst = sum(m.meta.get("nbytes") or 0 for m in group_members.get(group, ()))
+                    allocated, event = burst, "recompute"
+                else:
+                    event = "unpack"
+                # The value moves from the frame's cache to this node: live
+                # bytes are unchanged until its last use frees it.
+                own(node, node, nbytes, "recomputed")
+            elif kind == "offload":
+                allocated, event = nbytes, "reload"
+                own(node, node, nbytes, "reloaded")
+            else:
+                event = "unpack"
+        elif node.op == "call_hook" and node.target == "accumulate_grad":
+            leaf = node.args[0]
+            allocated, event = leaf.meta.get("nbytes") or 0, "accumulate"
+            own(node, ("grad", leaf.name), allocated, "gradient")
+            owners[("grad", leaf.name)] += 1  # .grad outlives the backward
+        live += allocated
+        during = live
+        for dead in dies_after.get(node, ()):
+            key = storage_of.get(dead)
+            if key is None:
+                continue
+            owners[key] -= 1
+            if owners[key] == 0:
+                live -= size[key]
+        steps.append(Step(i, node.name, node.op, str(node.target), node.meta.get("source"),
+                          allocated, live, during, event))
+        if during > peak:
+            peak, peak_index = during, i
+            peak_live = [LiveValue(str(k if not hasattr(k, "name") else k.name), size[k],
+                                   category[k], source[k])
+                         for k, n in owners.items() if (n > 0 or k is node) and size[k]]
+    free_step = {}
+    for node in graph.nodes:
+        if node.name in unpack_step:
+            users = [graph.nodes.index(u) for u in node.users]
+            free_step[node.name] = max(users) if users else unpack_step[node.name]
+    return MemorySchedule(steps, peak, graph.nodes[peak_index].name if peak_index is not None
+                          else None, sorted(peak_live, key=lambda v: -v.bytes),
+                          {k: (unpack_step[k], free_step[k]) for k in unpack_step})

@@ -1,0 +1,47 @@
+"""The memory schedule: planned from the graph, measured with ca.memory.profile(),
+and the python backend's peaks against eager and against upfront unpacking."""
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.examples import build
+
+
+def _measure(checkpoint="layer", offload=False, unpack="progressive", backend="python"):
+    ex = build("transformer", checkpoint=checkpoint, offload=offload)
+    loss = ex.loss()
+    plan = ca.trace_backward(loss, unpack=unpack).memory_schedule()
+    with ca.memory.profile(tracemalloc_witness=False) as prof:
+        if backend is None:
+            loss.backward()
+        else:
+            with ca.compiled_backward(backend=backend, unpack=unpack):
+                loss.backward()
+    return plan, prof
+
+
+@pytest.mark.parametrize("checkpoint,offload", [("layer", False), ("none", True),
+                                                ("none", False)])
+def test_planned_peak_within_ten_percent_of_measured(checkpoint, offload):
+    plan, prof = _measure(checkpoint, offload)
+    assert abs(plan.peak_bytes - prof.peak_bytes) <= 0.10 * prof.peak_bytes, \
+        (plan.peak_bytes, prof.peak_bytes)
+
+
+def test_python_backend_peaks_against_eager_and_upfront():
+    _, eager = _measure(backend=None)
+    _, python = _measure()
+    _, upfront = _measure(unpack="upfront")
+    assert python.peak_bytes <= 1.05 * eager.peak_bytes, (python.peak_bytes, eager.peak_bytes)
+    assert python.peak_bytes <= 0.6 * upfront.peak_bytes, (python.peak_bytes, upfront.peak_bytes)
+
+
+def test_schedule_contents():
+    ex = build("mlp", layers=2, width=8, batch=4, checkpoint="layer")
+    sched = ca.trace_backward(ex.loss()).memory_schedule()
+    assert sched.peak_node in [s.node for s in sched.steps]
+    assert max(s.peak_bytes for s in sched.steps) == sched.peak_bytes
+    assert sched.live_at_peak and all(v.bytes > 0 for v in sched.live_at_peak)
+    assert any(s.event == "recompute" for s in sched.steps)
+    for name, (unpacked, freed) in sched.unpacks.items():
+        assert unpacked <= freed
+    assert "while running" in sched.table(limit=3)
