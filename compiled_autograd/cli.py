@@ -1,0 +1,295 @@
+"""The command line: ``compiled-autograd {demo,trace,run,memory}``.
+
+A model is a bundled example (``--example mlp|transformer`` with sizes,
+``--checkpoint``, ``--offload``) or a user script (``--script model.py`` defining
+``model()`` that returns a scalar loss). Bad input gives one line and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """A one-line message for the user; exit code 2."""
+
+
+# ---------------------------------------------------------------- models
+
+
+class Model:
+    """A way to build a fresh loss, and a description of it."""
+
+    def __init__(self, make_loss, description):
+        self.make_loss = make_loss
+        self.description = description
+
+    def loss(self):
+        from compiled_autograd.tensor import Tensor
+        try:
+            loss = self.make_loss()
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"model() raised {type(exc).__name__}: {exc}") from None
+        if not isinstance(loss, Tensor):
+            raise UsageError(f"model() must return a ca.Tensor, got {type(loss).__name__}")
+        if loss.numel() != 1:
+            raise UsageError(f"model() must return a scalar loss, got shape {list(loss.shape)}")
+        if not loss.requires_grad:
+            raise UsageError("model() returned a loss that does not require grad")
+        return loss
+
+
+def _example(args):
+    from compiled_autograd.examples import build
+    sizes = {}
+    if args.example == "mlp":
+        names = ("layers", "width", "batch")
+    else:
+        names = ("layers", "d_model", "heads", "seq", "batch", "vocab")
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+            sizes[name] = value
+    checkpoint = "layer" if args.checkpoint else "none"
+    try:
+        ex = build(args.example, checkpoint=checkpoint, offload=args.offload, **sizes)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+    shown = {k: v for k, v in ex.sizes.items() if k not in ("checkpoint", "offload")}
+    extras = [w for w, on in (("per-layer checkpointing", args.checkpoint),
+                              ("disk offload", args.offload)) if on]
+    description = f"{args.example} {shown}" + (f", {', '.join(extras)}" if extras else "")
+    return Model(ex.loss, description)
+
+
+def _script(path):
+    if not os.path.isfile(path):
+        raise UsageError(f"no such script: {path}")
+    spec = importlib.util.spec_from_file_location("ca_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"{path} failed to load: {type(exc).__name__}: {exc}") from None
+    make = getattr(module, "model", None)
+    if not callable(make):
+        raise UsageError(f"{path} must define a function model() returning a scalar loss")
+    return Model(make, f"script {path}")
+
+
+def load_model(args):
+    if args.script is not None:
+        return _script(args.script)
+    return _example(args)
+
+
+def _leaves(loss):
+    """The leaf tensors the backward of ``loss`` accumulates into."""
+    from compiled_autograd.node import AccumulateGrad
+    seen, stack, leaves = set(), [loss.grad_fn], []
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if isinstance(fn, AccumulateGrad):
+            leaves.append(fn.variable)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return leaves
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_trace(args, out):
+    import compiled_autograd as ca
+    model = load_model(args)
+    g = ca.trace_backward(model.loss(), unpack=args.unpack)
+    if args.format == "table":
+        out(f"# backward of {model.description}: {len(g.graph.nodes)} nodes")
+        out(g.graph.tabular())
+    elif args.format == "graph":
+        out(str(g.graph))
+    elif args.format == "code":
+        out(g.code.rstrip())
+    elif args.format == "dot":
+        out(g.to_dot())
+    else:
+        out(g.to_json())
+    return 0
+
+
+def cmd_run(args, out):
+    import compiled_autograd as ca
+    model = load_model(args)
+    loss = model.loss()
+    leaves = _leaves(loss)
+    for leaf in leaves:
+        leaf.grad = None
+    start = time.perf_counter()
+    loss.backward()
+    t_eager = time.perf_counter() - start
+    expected = [None if p.grad is None else p.grad.numpy().copy() for p in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    ca.reset_compiled_autograd()
+    times = []
+    for _ in range(2):  # the first call captures and compiles; the second is a cache hit
+        for leaf in leaves:
+            leaf.grad = None
+        loss = model.loss()
+        start = time.perf_counter()
+        with ca.compiled_backward(backend=args.backend, unpack=args.unpack):
+            loss.backward()
+        times.append(time.perf_counter() - start)
+    worst, rows = 0.0, 0
+    for p, e in zip(leaves, expected):
+        if e is None:
+            continue
+        rows += 1
+        diff = float(np.max(np.abs(p.grad.numpy() - e))) if e.size else 0.0
+        worst = max(worst, diff)
+    stats = ca.compiled_autograd_stats()
+    out(f"model: {model.description}")
+    out(f"backend: {args.backend}, unpack: {args.unpack}")
+    out(f"eager backward:    {t_eager * 1e3:9.2f} ms")
+    out(f"compiled, first:   {times[0] * 1e3:9.2f} ms  (capture + compile "
+        f"{stats['compile_seconds'] * 1e3:.2f} ms)")
+    out(f"compiled, cached:  {times[1] * 1e3:9.2f} ms")
+    out(f"gradients of {rows} tensors, max |compiled - eager| = {worst:.3g}"
+        + ("  (bitwise equal)" if worst == 0.0 else ""))
+    return 0
+
+
+def _mb(nbytes):
+    return f"{nbytes / 2 ** 20:9.2f} MiB"
+
+
+def cmd_memory(args, out):
+    import compiled_autograd as ca
+    model = load_model(args)
+    if args.report and os.path.splitext(args.report)[1] not in (".html", ".txt", ".json"):
+        raise UsageError("--report must end in .html, .txt or .json")
+    rows, profiles = [], {}
+    for label, unpack in (("eager autograd", None), ("compiled, progressive", "progressive"),
+                          ("compiled, upfront", "upfront")):
+        loss = model.loss()
+        plan = None if unpack is None else ca.trace_backward(loss, unpack=unpack).memory_schedule()
+        with ca.memory.profile() as prof:
+            if unpack is None:
+                loss.backward()
+            else:
+                with ca.compiled_backward(backend=args.backend, unpack=unpack):
+                    loss.backward()
+        for leaf in _leaves(loss):
+            leaf.grad = None
+        profiles[label] = (prof, plan)
+        rows.append((label, plan, prof))
+    out(f"model: {model.description}")
+    out(f"backward memory (bytes allocated during the backward), backend {args.backend}")
+    out(f"{'':<24}{'planned peak':>16}{'measured peak':>16}{'tracemalloc':>16}")
+    for label, plan, prof in rows:
+        planned = _mb(plan.peak_bytes) if plan else f"{'-':>13}"
+        out(f"{label:<24}{planned:>16}{_mb(prof.peak_bytes):>16}"
+            f"{_mb(prof.tracemalloc_peak_bytes):>16}")
+    prof, plan = profiles["compiled, progressive"]
+    eager = profiles["eager autograd"][0]
+    upfront = profiles["compiled, upfront"][0]
+    out(f"progressive / eager: {prof.peak_bytes / eager.peak_bytes:.2f}   "
+        f"progressive / upfront: {prof.peak_bytes / upfront.peak_bytes:.2f}   "
+        f"planned / measured: {plan.peak_bytes / prof.peak_bytes:.2f}")
+    peak = next(s for s in plan.steps if s.node == plan.peak_node)
+    out(f"planned peak at node {plan.peak_node} ({peak.source}); largest live values:")
+    for v in plan.live_at_peak[:5]:
+        out(f"  {v.name:<24} {v.bytes:>12,} bytes  {v.category:<11} {v.source or ''}")
+    events = [s for s in plan.steps if s.event in ("recompute", "reload")]
+    if events:
+        out(f"{len(events)} recompute/reload events; first at step {events[0].index} "
+            f"({events[0].node}, {events[0].event}, {events[0].allocated:,} bytes)")
+    if args.report:
+        from compiled_autograd.report import write_report
+        planned = [(s.node, s.peak_bytes) for s in plan.steps]
+        write_report(prof.timeline, args.report, title=f"Backward memory: {model.description}",
+                     peak_bytes=prof.peak_bytes, planned=planned, summary_rows=[
+                         (label, f"{_mb(p.peak_bytes).strip()} measured"
+                          + (f", {_mb(pl.peak_bytes).strip()} planned" if pl else ""))
+                         for label, pl, p in rows])
+        out(f"report written to {args.report}")
+    return 0
+
+
+def cmd_demo(args, out):
+    from compiled_autograd import demo
+    if args.steps < 0 or args.checks < 1:
+        raise UsageError("--steps must be >= 0 and --checks >= 1")
+    worst = demo.run(steps=args.steps, checks=args.checks, out=out)
+    return 0 if worst < 1e-5 else 1
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _model_args(p):
+    g = p.add_argument_group("model")
+    g.add_argument("--example", choices=["mlp", "transformer"], default="transformer",
+                   help="bundled example (default transformer)")
+    g.add_argument("--script", help="a Python file defining model() -> scalar loss")
+    for name in ("layers", "width", "d-model", "heads", "seq", "batch", "vocab"):
+        g.add_argument(f"--{name}", dest=name.replace("-", "_"), type=int)
+    g.add_argument("--checkpoint", action="store_true", help="checkpoint every layer")
+    g.add_argument("--offload", action="store_true", help="save activations to disk")
+    p.add_argument("--unpack", choices=["progressive", "upfront"], default="progressive")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parser():
+    top = _Parser(prog="compiled-autograd",
+                  description="Trace, run and measure compiled backward passes.")
+    sub = top.add_subparsers(dest="command", parser_class=_Parser)
+    demo = sub.add_parser("demo", help="train the bundled MLP and check its gradients")
+    demo.add_argument("--steps", type=int, default=5)
+    demo.add_argument("--checks", type=int, default=8)
+    trace = sub.add_parser("trace", help="print the backward graph")
+    _model_args(trace)
+    trace.add_argument("--format", choices=["table", "graph", "code", "dot", "json"],
+                       default="table")
+    run = sub.add_parser("run", help="run the backward compiled; compare with eager")
+    _model_args(run)
+    run.add_argument("--backend", default="python", choices=["python", "eager"])
+    memory = sub.add_parser("memory", help="planned and measured memory of the backward")
+    _model_args(memory)
+    memory.add_argument("--backend", default="python", choices=["python", "eager"])
+    memory.add_argument("--report", help="write a report: .html, .txt or .json")
+    return top
+
+
+COMMANDS = {"demo": cmd_demo, "trace": cmd_trace, "run": cmd_run, "memory": cmd_memory}
+
+
+def main(argv=None, out=print) -> int:
+    try:
+        args = parser().parse_args(argv)
+        if args.command is None:
+            args = parser().parse_args(["demo"] + list(argv or []))
+        return COMMANDS[args.command](args, out)
+    except UsageError as exc:
+        print(f"compiled-autograd: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def console() -> None:
+    """The installed ``compiled-autograd`` entry point."""
+    sys.exit(main(sys.argv[1:]))
