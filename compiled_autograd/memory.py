@@ -101,6 +101,20 @@ class profile:
         return sum(e.bytes for e in self._tracker.events
                    if e.action == "alloc" and (category is None or e.category == category))
 
+    def report(self, path, title="Memory profile", planned=None) -> str:
+        """Write a report: ``.html`` (self-contained, SVG timeline), ``.txt`` or
+        ``.json`` (the events), chosen by the suffix. Returns the path."""
+        from compiled_autograd.report import write_report
+        write_report(self.timeline, path, title=title, peak_bytes=self.peak_bytes,
+                     planned=planned)
+        return path
+
+    def export_memory_viz(self, path) -> str:
+        """A snapshot pickle that PyTorch's memory viewer (memory_viz) loads."""
+        from compiled_autograd.report import export_memory_viz
+        export_memory_viz(self.timeline, path)
+        return path
+
     def summary(self) -> str:
         """A short text table: peak, and bytes allocated by category."""
         lines = [f"peak {self.peak_bytes:,} bytes (tracemalloc peak "
