@@ -268,7 +268,7 @@ def _chart(events, series, planned):
                 "anchor": anchor}
 
     recompute, reload = _activity_markers(events)
-    marker_y = bottom + 3
+    marker_y = bottom + 3            # recompute ticks; reload triangles one row lower
     recompute_x = [_r(X(i)) for i in recompute]
     reload_x = [_r(X(i)) for i in reload]
 
@@ -287,10 +287,10 @@ def _chart(events, series, planned):
     if recompute:
         legend.append({"label": "recompute starts", "kind": "tick", "color": RECOMPUTE_COLOR})
     if reload:
-        legend.append({"label": "reload", "kind": "tick", "color": RELOAD_COLOR})
+        legend.append({"label": "reload", "kind": "triangle", "color": RELOAD_COLOR})
     if planned:
         legend.append({"label": "planned", "kind": "dashed", "color": PLANNED_COLOR})
-    legend_top = bottom + 64
+    legend_top = bottom + 76
     legend_h = _legend_rows(legend, left, plot_w, 22)
 
     return {
@@ -298,10 +298,10 @@ def _chart(events, series, planned):
         "left": left, "top": top, "plot_w": plot_w, "plot_h": plot_h, "bottom": bottom,
         "right_x": left + plot_w, "layers": layers, "total_line": total_line,
         "peak": peak, "recompute_x": recompute_x, "reload_x": reload_x,
-        "marker_y": marker_y, "marker_len": 9,
-        "planned": planned_pts, "y_ticks": y_ticks, "x_ticks": x_ticks,
+        "marker_y": marker_y, "marker_len": 10, "reload_y": marker_y + 12,
+        "planned": planned_pts, "planned_dots": 0 < len(planned_pts) <= 60, "y_ticks": y_ticks, "x_ticks": x_ticks,
         "legend": legend, "legend_top": legend_top, "empty": n == 0,
-        "x_label_y": bottom + 46, "y_label_x": 18, "y_label_y": _r(top + plot_h / 2),
+        "x_label_y": bottom + 60, "x_tick_label_y": bottom + 40, "y_label_x": 18, "y_label_y": _r(top + plot_h / 2),
         "colors": {"peak": PEAK_COLOR, "recompute": RECOMPUTE_COLOR, "reload": RELOAD_COLOR,
                    "planned": PLANNED_COLOR},
         "downsampled": len(keep) < n, "points": len(keep), "events": n,
@@ -463,6 +463,8 @@ def write_report(events, path, **kw) -> None:
         text = render_html(events, **kw)
     elif suffix == ".txt":
         kw.setdefault("title", "memory report")
+        for html_only in ("planned", "summary_rows"):   # the chart's extras: not in text
+            kw.pop(html_only, None)
         text = render_text(events, **kw)
     elif suffix == ".json":
         text = render_json(events, **kw)
