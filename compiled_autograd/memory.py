@@ -97,6 +97,20 @@ class profile:
         """Each category's own maximum of live bytes."""
         return dict(self._tracker.max_by_category)
 
+    def node_schedule(self) -> dict:
+        """Measured live bytes after each graph node, by node name: the measured
+        schedule aligned with ``g.memory_schedule()`` (the "eager" graph backend
+        marks every node while profiling)."""
+        live, out = 0, {}
+        for e in self._tracker.events:
+            if e.action == "alloc":
+                live += e.bytes
+            elif e.action == "free":
+                live -= e.bytes
+            elif e.action == "mark":
+                out[e.name] = live
+        return out
+
     def bytes_allocated(self, category=None) -> int:
         return sum(e.bytes for e in self._tracker.events
                    if e.action == "alloc" and (category is None or e.category == category))
