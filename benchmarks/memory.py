@@ -14,7 +14,7 @@ import compiled_autograd as ca
 from compiled_autograd.examples import build
 
 MODES = [("no checkpointing", "none", False), ("per-layer checkpoint", "layer", False),
-         ("sqrt(n) segments", "sqrt", False), ("selective (keep matmul)", "selective", False),
+         ("sqrt(n) segments", "sqrt", False), ("selective (keep linear)", "selective", False),
          ("disk offload", "none", True)]
 
 MODELS = {

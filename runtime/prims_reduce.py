@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
+from runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
 def _reduced_shape(shape, dims, keepdim):
@@ -156,3 +156,43 @@ def _(ctx, g):
     xhat = ops.mul(centered, rstd)
     inner = ops.sub(ops.sub(g, mean(g)), ops.mul(xhat, mean(ops.mul(g, xhat))))
     return (ops.mul(inner, rstd),)
+
+
+def _linear_meta(x, w, b=None):
+    if x.shape[-1] != w.shape[-1]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                           f"({int(np.prod(x.shape[:-1]))}x{x.shape[-1]} and "
+                           f"{w.shape[-1]}x{w.shape[0]})")
+    return tuple(x.shape[:-1]) + (w.shape[0],), np.result_type(x.dtype, w.dtype)
+
+
+@prim("linear", meta=_linear_meta, save=((0, 1), (1, 0)))
+def linear(x, w, b=None):
+    """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
+    gradient comes out in w's own layout (no transposed copy)."""
+    out = np.matmul(x, w.T)
+    if b is not None:
+        out += b
+    return as_array(out)
+
+
+@linear.defvjp
+def _(ctx, g):
+    x, w = ctx.saved
+    gx = gw = gb = None
+    if ctx.needs[0]:
+        gx = ops.matmul(g, w) if len(shape_of(g)) >= 2 else None
+        if gx is None:  # 1-d input: g is (out,)
+            gx = ops.reshape(ops.matmul(ops.reshape(g, shape=(1, shape_of(g)[0])), w),
+                             shape=ctx.shapes[0])
+    if ctx.needs[1] or (len(ctx.needs) > 2 and ctx.needs[2]):
+        gshape, xshape = shape_of(g), shape_of(x) if x is not None else None
+        n_out = gshape[-1]
+        g2 = ops.reshape(g, shape=(math.prod(gshape[:-1]), n_out)) if len(gshape) != 2 else g
+        if ctx.needs[1]:
+            n_in = xshape[-1]
+            x2 = ops.reshape(x, shape=(math.prod(xshape[:-1]), n_in)) if len(xshape) != 2 else x
+            gw = ops.matmul(transpose_last(g2), x2)
+        if len(ctx.needs) > 2 and ctx.needs[2]:
+            gb = ops.sum(g2, dims=(0,), keepdim=False)
+    return gx, gw, gb

@@ -40,7 +40,7 @@ CHECKPOINT_MODES = ("none", "layer", "sqrt", "selective")
 def run_blocks(blocks, x, checkpoint="none"):
     """Run ``blocks`` in sequence, checkpointed as ``checkpoint`` says: "layer" (one
     checkpoint per block), "sqrt" (checkpoint_sequential with sqrt(n) segments),
-    "selective" (per block, keeping matmul outputs instead of recomputing them)."""
+    "selective" (per block, keeping linear/matmul outputs instead of recomputing them)."""
     from compiled_autograd.utils.checkpoint import (checkpoint as ckpt, checkpoint_sequential,
                                                     create_selective_checkpoint_contexts)
     if checkpoint == "none":
@@ -55,6 +55,7 @@ def run_blocks(blocks, x, checkpoint="none"):
         return checkpoint_sequential(list(blocks), max(1, round(len(blocks) ** 0.5)), x)
     if checkpoint == "selective":
         for block in blocks:
-            x = ckpt(block, x, context_fn=lambda: create_selective_checkpoint_contexts(["matmul"]))
+            x = ckpt(block, x, context_fn=lambda: create_selective_checkpoint_contexts(
+                ["linear", "matmul"]))
         return x
     raise ValueError(f"checkpoint must be one of {CHECKPOINT_MODES}, got {checkpoint!r}")

@@ -13,9 +13,20 @@ from runtime.prims import norm_dim, ops
 
 
 def linear(input, weight, bias=None):
-    """``input @ weight.T + bias``."""
-    out = input.matmul(weight.t())
-    return out if bias is None else out + bias
+    """``input @ weight.T + bias`` as one fused prim (torch's addmm)."""
+    if input.ndim == 0 or weight.ndim != 2:
+        out = input.matmul(weight.t())
+        return out if bias is None else out + bias
+    if input.shape[-1] != weight.shape[-1]:
+        rows = int(np.prod(input.shape[:-1], dtype=np.int64))
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x"
+                           f"{input.shape[-1]} and {weight.shape[1]}x{weight.shape[0]})")
+    if input.ndim == 1:
+        out = ops.linear(input.reshape(1, input.shape[0]), weight, bias)
+        return out.reshape(weight.shape[0])
+    if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
+        return ops.linear(input, weight, None) + bias
+    return ops.linear(input, weight, bias)
 
 
 def relu(input, inplace=False):
