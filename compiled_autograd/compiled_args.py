@@ -30,6 +30,11 @@ class CompiledNodeArgs:
         self.sizes: list = []            # every collected size, flat
         self.scalars: list = []          # lifted Python floats
         self.slot: dict = {}             # id(obj) -> where its runtime value sits
+        # Where each owner's sizes start in ``sizes`` (owner: id of a node, saved
+        # variable, leaf or tensor; or ("root", i)), a node's int params, its scalars.
+        self.size_pos: dict = {}
+        self.param_pos: dict = {}
+        self.scalar_pos: dict = {}
         self.node = None                 # the node being collected (for error messages)
         self._node_ids: dict = {}
 
@@ -44,7 +49,7 @@ class CompiledNodeArgs:
         cache compares the values, so a size that changes can become dynamic.
         ``owner`` (a node, a saved variable, ...) lets the tracer find them again."""
         if owner is not None:
-            self.slot[("sizes", _key(owner))] = len(self.sizes)
+            self.size_pos[owner if owner.__class__ is tuple else id(owner)] = len(self.sizes)
         ndims = []
         for s in shapes:
             if s is None:
@@ -63,21 +68,21 @@ class CompiledNodeArgs:
         if split is None:
             split = _PARAM_SPLITS[items] = _split_params(params)
         self.key.append(split[0])
-        self.slot[("sizes", _key(owner))] = len(self.sizes)
+        self.param_pos[id(owner)] = len(self.sizes)
         self.sizes.extend(split[1])
 
     def collect_prim_node(self, node) -> None:
         """Everything a prim's backward node depends on, in one step (the hot path
         of a cache hit): type, params (ints as sizes), input sizes, dtypes, saved
         values (Python floats lifted into scalars)."""
-        sizes, slot, nid = self.sizes, self.slot, id(node)
+        sizes, nid = self.sizes, id(node)
         items = tuple(node.params.items())
         split = _PARAM_SPLITS.get(items)
         if split is None:
             split = _PARAM_SPLITS[items] = _split_params(node.params)
-        slot[("sizes", ("params", nid))] = len(sizes)
+        self.param_pos[nid] = len(sizes)
         sizes.extend(split[1])
-        slot[("sizes", nid)] = len(sizes)
+        self.size_pos[nid] = len(sizes)
         ndims = []
         for shape in node.shapes:
             if shape is None:
@@ -100,7 +105,7 @@ class CompiledNodeArgs:
     def collect_scalar(self, value, owner) -> None:
         """A Python float a node saved: a runtime value (``scalars``), not a key."""
         self.key.append(("scalar",))
-        self.slot[("scalar", _key(owner))] = len(self.scalars)
+        self.scalar_pos[owner] = len(self.scalars)
         self.scalars.append(float(value))
 
     def node_id(self, node) -> int:
@@ -127,8 +132,10 @@ class CompiledNodeArgs:
         hooked = sv.unpack_hook is not None
         if sv.released or (not hooked and sv._version_counter.value != sv.saved_version):
             sv.check(self.node.name() if self.node is not None else "backward")  # raises
-        self.key.append(("saved", sv.dtype.str, hooked))
-        self.collect_sizes((sv.shape,), owner=sv)
+        shape = sv.shape
+        self.key.append(("saved", sv.dtype.str, hooked, len(shape)))
+        self.size_pos[id(sv)] = len(self.sizes)
+        self.sizes.extend(shape)
         self.saved.append(sv)
         if hooked:
             self.slot[id(sv)] = ("hooked", len(self.hooks), len(self.packed_data))
@@ -139,9 +146,12 @@ class CompiledNodeArgs:
 
     def collect_leaf(self, variable) -> None:
         """The leaf Tensor an AccumulateGrad writes into."""
-        self.key.append(("leaf", variable.dtype.str))
-        self.collect_sizes((variable.shape,), owner=variable)
-        self._input(variable, variable)
+        shape = variable._data.shape
+        self.key.append(("leaf", variable._data.dtype.str, len(shape)))
+        self.size_pos[id(variable)] = len(self.sizes)
+        self.sizes.extend(shape)
+        self.slot[id(variable)] = ("inputs", len(self.inputs))
+        self.inputs.append(variable)
 
     def collect_tensor(self, tensor) -> None:
         """A Tensor a node's backward reads that is not a saved variable (a custom
@@ -175,10 +185,6 @@ def _split_params(params):
         return v
     items = tuple(sorted(params.items()))
     return ("params", tuple((k, skeleton(v)) for k, v in items)), tuple(ints)
-
-
-def _key(owner):
-    return owner if isinstance(owner, tuple) else id(owner)
 
 
 class SwapSavedVariables:

@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from compiled_autograd.saved_variable import SavedVariable
 from runtime.memory import on_array
 from runtime.prims import PRIMS, VJPContext, ops
 
@@ -104,11 +105,22 @@ class PrimBackward(Node):
         self.dtypes = dtypes
 
     def saved_variables(self):
+        out = []
         for item in self.saved:
-            if isinstance(item, tuple):
-                yield from item
-            elif hasattr(item, "unpack_array"):
-                yield item
+            if item.__class__ is tuple:
+                out.extend(sv for sv in item if sv.__class__ is SavedVariable)
+            elif item.__class__ is SavedVariable:
+                out.append(item)
+        return out
+
+    def release_variables(self) -> None:
+        for item in self.saved:
+            if item.__class__ is SavedVariable:
+                item.release()
+            elif item.__class__ is tuple:
+                for sv in item:
+                    if sv.__class__ is SavedVariable:
+                        sv.release()
 
     def _unpack(self, as_tensor):
         name = self.name()
@@ -156,7 +168,7 @@ class PrimBackward(Node):
             else:
                 values.append(item)
         shapes = saved.sizes(self, self.shapes)
-        params = saved.params(("params", id(self)), self.params)
+        params = saved.params(self, self.params)
         try:
             ctx = VJPContext(tuple(values), params, shapes, self.dtypes, saved.needs(self))
             out = self.prim.vjp(ctx, grads[0])
@@ -283,11 +295,11 @@ class CopySlices(Node):
 
     def compiled_args(self, args) -> None:
         args.collect(type(self))
-        args.collect_params(self.geometry, owner=("params", id(self)))
+        args.collect_params(self.geometry, owner=self)
         self.fn.compiled_args(args)
 
     def apply_with_saved(self, grads, saved):
-        geometry = saved.params(("params", id(self)), self.geometry)
+        geometry = saved.params(self, self.geometry)
         return self._run(grads[0], saved.needs(self),
                          lambda vg, n: self.fn.apply_with_saved([vg], saved.with_needs(n)),
                          geometry)

@@ -117,7 +117,7 @@ class Tracer:
         """``shapes`` with the dims at dynamic positions made symbolic."""
         if not self.dynamic:
             return shapes
-        pos = self.collected.slot.get(("sizes", owner if isinstance(owner, tuple) else id(owner)))
+        pos = self.collected.size_pos.get(owner if isinstance(owner, tuple) else id(owner))
         if pos is None:
             return shapes
         out = []
@@ -131,14 +131,14 @@ class Tracer:
         return tuple(out)
 
     def scalar(self, owner, value):
-        return SymFloat.scalar(value, self.collected.slot[("scalar", owner)])
+        return SymFloat.scalar(value, self.collected.scalar_pos[owner])
 
     def params(self, owner, params):
         """Params with their ints (collected as sizes, sorted by key) symbolic
         where dynamic."""
         if not self.dynamic:
             return params
-        pos = [self.collected.slot[("sizes", owner)]]
+        pos = [self.collected.param_pos[id(owner)]]
 
         def rebuild(v):
             if type(v) is int or isinstance(v, np.integer):
