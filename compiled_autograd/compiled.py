@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiled_autograd import engine, passes, tracer
+from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.interpreter import Interpreter
 from compiled_autograd.symbolic import ShapeEnv, guards_hold
 
@@ -272,7 +273,9 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
     stack.append(task)
     try:
         from runtime import memory
-        with memory.category("gradient") if memory.active() else _null():
+        # As eager: the backward (and the hooks it calls) runs without grad mode.
+        with set_grad_enabled(False), \
+                memory.category("gradient") if memory.active() else _null():
             out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
                            list(sizes), list(scalars), collected.hooks, collected.packed_data)
     finally:
@@ -300,7 +303,13 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
                              len(input_edges or ()), family.dynamic)
-    family.entries.append((_static_check(sizes, family.dynamic), guards, entry))
+    # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
+    dynamic = {p for p in family.dynamic if sizes[p] > 1}
+    guards = list(guards) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
+    if collected.uncacheable_reason is None:
+        family.entries.append((_static_check(sizes, dynamic), guards, entry))
+    elif "verbose" in _log_flags():
+        log.info(f"not cached: {collected.uncacheable_reason}")
     family.last_sizes = sizes
     return entry
 

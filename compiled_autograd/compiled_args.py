@@ -36,6 +36,7 @@ class CompiledNodeArgs:
         self.param_pos: dict = {}
         self.scalar_pos: dict = {}
         self.node = None                 # the node being collected (for error messages)
+        self.uncacheable_reason = None   # set when the trace must not be reused
         self._node_ids: dict = {}
 
     # ---------------------------------------------------------- key only
@@ -166,11 +167,19 @@ class CompiledNodeArgs:
         self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
         self.hooks.append(hook)
 
+    def uncacheable(self, reason) -> None:
+        """This backward depends on something that cannot be keyed: trace it anew."""
+        self.uncacheable_reason = self.uncacheable_reason or reason
+
     def freeze(self) -> tuple:
         return tuple(self.key)
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
+
+
+# Params that index dims: part of the key by value, never symbolic sizes.
+_INDEX_PARAMS = frozenset({"dim", "dims", "perm", "pattern", "ndim", "keepdim"})
 
 
 def _split_params(params):
@@ -184,7 +193,8 @@ def _split_params(params):
             return tuple(skeleton(x) for x in v)
         return v
     items = tuple(sorted(params.items()))
-    return ("params", tuple((k, skeleton(v)) for k, v in items)), tuple(ints)
+    return ("params", tuple((k, v if k in _INDEX_PARAMS else skeleton(v))
+                            for k, v in items)), tuple(ints)
 
 
 class SwapSavedVariables:

@@ -115,15 +115,9 @@ class FunctionBackward(Node):
         args.collect(self.needs_input_grad)
         args.collect(self.materialize_grads)
         args.collect_sizes([None if m is None else m[0] for m in self.input_metadata])
-        from compiled_autograd.tensor import Tensor
         for key, value in self._user_attrs():
-            if isinstance(value, Tensor):
-                args.collect((key, "Tensor"))
-                args.collect_tensor(value)  # a runtime input, like a saved tensor
-            elif isinstance(value, (int, float, str, bool, tuple, type(None))):
-                args.collect((key, value))  # a constant of the traced backward
-            else:
-                args.collect((key, type(value).__name__, id(value)))
+            # What backward reads from ctx is baked into the trace: key it by value.
+            args.collect((key, _freeze(value, args)))
         for sv in self.saved_variables():
             args.collect_saved(sv)
 
@@ -135,17 +129,53 @@ class FunctionBackward(Node):
         from compiled_autograd.tensor import Tensor
         self._swapped = tuple(None if sv is None else saved.before(sv)
                               for sv in (self._saved or ()))
-        tensors = {k: v for k, v in self._user_attrs() if isinstance(v, Tensor)}
-        for k, v in tensors.items():
-            setattr(self, k, saved.lifted(v))
+        originals = dict(self._user_attrs())
+        for k, v in originals.items():
+            self.__dict__[k] = _lift(v, saved)
         try:
             result = self._forward_cls.backward(self, *self._grads_in(grads))
             return self._grads_out(result, keep_tensors=True)
         finally:
             self._swapped = None
-            self.__dict__.update(tensors)
+            self.__dict__.update(originals)
             for sv in self.saved_variables():
                 saved.after(sv)
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _freeze(value, args):
+    """A ctx attribute as a key: plain data by value; Tensors (anywhere inside
+    tuples, lists, dicts) become runtime inputs; anything else makes the backward
+    uncacheable (traced again each time), since what backward reads from it is
+    baked into the graph."""
+    from compiled_autograd.tensor import Tensor
+    if isinstance(value, Tensor):
+        args.collect_tensor(value)
+        return ("Tensor", value.dtype.str)
+    if isinstance(value, _PLAIN):
+        return (type(value).__name__, value)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__,) + tuple(_freeze(v, args) for v in value)
+    if isinstance(value, dict) and all(isinstance(k, _PLAIN) for k in value):
+        return ("dict",) + tuple((k, _freeze(v, args)) for k, v in sorted(
+            value.items(), key=lambda kv: repr(kv[0])))
+    args.uncacheable(f"ctx attribute of type {type(value).__name__}")
+    return ("opaque", type(value).__name__)
+
+
+def _lift(value, saved):
+    """``value`` with its Tensors swapped for what ``saved.lifted`` gives (the same
+    walk as _freeze)."""
+    from compiled_autograd.tensor import Tensor
+    if isinstance(value, Tensor):
+        return saved.lifted(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_lift(v, saved) for v in value)
+    if isinstance(value, dict) and all(isinstance(k, _PLAIN) for k in value):
+        return {k: _lift(v, saved) for k, v in value.items()}
+    return value
 
 
 class _FunctionMeta(type):

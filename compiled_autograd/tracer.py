@@ -15,7 +15,8 @@ import numpy as np
 
 from compiled_autograd import engine
 from compiled_autograd import hooks as _hooks
-from compiled_autograd.compiled_args import CompiledNodeArgs, SwapSavedVariables
+from compiled_autograd.compiled_args import (_INDEX_PARAMS, CompiledNodeArgs,
+                                             SwapSavedVariables)
 from compiled_autograd.graph import BOXED, Graph
 from compiled_autograd.node import AccumulateGrad
 from compiled_autograd.symbolic import SymFloat, SymInt, hint
@@ -125,8 +126,8 @@ class Tracer:
             if shape is None:
                 out.append(None)
                 continue
-            out.append(tuple(SymInt.size(d, pos + j) if pos + j in self.dynamic else d
-                             for j, d in enumerate(shape)))
+            out.append(tuple(SymInt.size(d, pos + j) if pos + j in self.dynamic and d > 1
+                             else d for j, d in enumerate(shape)))
             pos += len(shape)
         return tuple(out)
 
@@ -144,11 +145,11 @@ class Tracer:
             if type(v) is int or isinstance(v, np.integer):
                 p = pos[0]
                 pos[0] += 1
-                return SymInt.size(int(v), p) if p in self.dynamic else v
+                return SymInt.size(int(v), p) if p in self.dynamic and v > 1 else v
             if isinstance(v, tuple):
                 return tuple(rebuild(x) for x in v)
             return v
-        return {k: rebuild(v) for k, v in sorted(params.items())}
+        return {k: v if k in _INDEX_PARAMS else rebuild(v) for k, v in sorted(params.items())}
 
     def getitem(self, box, index, shape=None, dtype=None, name=None, kind=None):
         meta = self._meta(shape, dtype)

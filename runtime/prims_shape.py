@@ -52,7 +52,8 @@ def _slice_key(ndim, dim, start, stop, step):
 
 def _slice_meta(x, dim, start, stop, step):
     shape = list(x.shape)
-    shape[dim] = len(range(start, stop, step))
+    # len(range(...)) by arithmetic, so a symbolic bound stays symbolic
+    shape[dim] = max(0, (stop - start + step - 1) // step) if stop > start else 0
     return tuple(shape), x.dtype
 
 

@@ -409,3 +409,78 @@ def test_guards_force_a_recompile_instead_of_a_wrong_graph():
     for n in (3, 4, 5, 6):
         run(n)
     assert ca.compiled_autograd_stats()["captures"] == 4
+
+
+def test_ctx_attributes_are_keyed_by_value_or_not_cached():
+    class Scaled(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            ctx.cfg = cfg
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.cfg["scale"] * ctx.cfg["ws"][0], None
+
+    cfg = {"scale": 2.0, "ws": (ca.ones(3),)}
+    with ca.compiled_backward(backend=BACKEND):
+        for k in (2.0, 3.0, 3.0):
+            cfg["scale"] = k
+            cfg["ws"] = (ca.full((3,), k),)
+            x = ca.ones(3, requires_grad=True)
+            Scaled.apply(x, cfg).sum().backward()
+            np.testing.assert_array_equal(x.grad.numpy(), np.full(3, k * k))
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1  # the repeated 3.0
+
+    class Opaque(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, fn):
+            ctx.fn = fn
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.fn(g), None
+
+    with ca.compiled_backward(backend=BACKEND):
+        for k in (2.0, 3.0):
+            x = ca.ones(3, requires_grad=True)
+            Opaque.apply(x, lambda g, k=k: g * k).sum().backward()
+            np.testing.assert_array_equal(x.grad.numpy(), np.full(3, k))
+
+
+def test_hooks_run_without_grad_mode_like_eager():
+    def run(compiled):
+        w = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        def sgd_step(p):
+            p.sub_(p.grad * 0.1)  # an optimizer step inside the backward
+
+        w.register_post_accumulate_grad_hook(sgd_step)
+        with _maybe(compiled):
+            (w * w).sum().backward()
+        return [w.detach().numpy()]
+    _both(run)
+
+
+def test_reentrant_checkpoint_is_refused_clearly():
+    from compiled_autograd.utils.checkpoint import checkpoint
+    x = ca.randn(3, requires_grad=True)
+    out = checkpoint(lambda t: t.exp(), x, use_reentrant=True).sum()
+    with pytest.raises(RuntimeError, match="use_reentrant=True\\) runs a nested backward"):
+        with ca.compiled_backward(backend=BACKEND):
+            out.backward()
+
+
+def test_dynamic_sweep_over_stack_dims_and_size_one():
+    with ca.compiled_backward(backend=BACKEND, dynamic=True):
+        for d in (2, 3, 4):
+            x = ca.ones(2, 3, 4, 5, requires_grad=True)
+            ca.stack([x, x * 2], d).sum().backward()
+            np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3, 4, 5), 3.0))
+        for batch in (3, 1, 4):
+            x = ca.ones(batch, 4, requires_grad=True)
+            w = ca.ones(4, 4, requires_grad=True)
+            (x @ w).tanh().sum().backward()
+            expected = x.detach().requires_grad_()
+            (expected @ w.detach()).tanh().sum().backward()
+            np.testing.assert_array_equal(x.grad.numpy(), expected.grad.numpy())

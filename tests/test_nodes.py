@@ -80,8 +80,9 @@ def test_compiled_args_is_deterministic_and_sensitive():
     assert key_of((3, 4), 1)[1] != key_of((3, 5), 1)[1]
     assert key_of((3, 4), 1)[0] == key_of((3, 4), 1, 3.0)[0]
     assert key_of((3, 4), 1)[2] == (2.0,) and key_of((3, 4), 1, 3.0)[2] == (3.0,)
-    # Int params (dims, shape arguments) are compared like sizes; flags are keys.
-    assert key_of((3, 4), 1)[1] != key_of((3, 4), 0)[1]
+    # Dims that index (dim, dims, perm) and flags are keys; shape-like ints in
+    # params are compared like sizes.
+    assert key_of((3, 4), 1)[0] != key_of((3, 4), 0)[0]
     assert key_of((3, 4), 1)[0] != key_of((3, 4), 1, keepdim=True)[0]
 
 
