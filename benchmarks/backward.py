@@ -23,22 +23,28 @@ import time
 CASES = ("small_mlp", "chain", "large_mlp", "transformer")
 
 
+def _chain(lib):
+    """200 elementwise ops on 16 elements, written once for ca and torch."""
+    import numpy as np
+    x = lib.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
+                   requires_grad=True)
+    ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
+
+    def loss():
+        h = x
+        for i in range(200):
+            h = ops[i % 4](h)
+        return h.sum()
+    return loss, [x]
+
+
 def _torch_setup(case):
     import numpy as np
     import torch
     from compiled_autograd.examples import build
     F = torch.nn.functional
     if case == "chain":
-        x = torch.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
-                         requires_grad=True)
-        ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
-
-        def loss():
-            h = x
-            for i in range(200):
-                h = ops[i % 4](h)
-            return h.sum()
-        return loss, [x]
+        return _chain(torch)
     name = "mlp" if "mlp" in case else "transformer"
     sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
              "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
@@ -88,16 +94,7 @@ def _ca_setup(case):
     import compiled_autograd as ca
     from compiled_autograd.examples import build
     if case == "chain":
-        x = ca.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
-                      requires_grad=True)
-        ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
-
-        def loss():
-            h = x
-            for i in range(200):
-                h = ops[i % 4](h)
-            return h.sum()
-        return loss, [x]
+        return _chain(ca)
     sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
              "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
     ex = build("mlp" if "mlp" in case else "transformer", **sizes)

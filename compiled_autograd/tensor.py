@@ -42,6 +42,10 @@ class Tensor:
 
     def _init(self, data):
         self._data = data
+        self._init_state()
+
+    def _init_state(self):
+        """Autograd state of a fresh tensor with no history (shared by proxies)."""
         self._requires_grad = False
         self._grad_fn = None
         self._output_nr = 0

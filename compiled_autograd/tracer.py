@@ -20,7 +20,7 @@ from compiled_autograd.compiled_args import (_INDEX_PARAMS, CompiledNodeArgs,
 from compiled_autograd.graph import BOXED, Graph
 from compiled_autograd.node import AccumulateGrad
 from compiled_autograd.symbolic import SymFloat, SymInt, hint
-from compiled_autograd.tensor import Tensor, VersionCounter
+from compiled_autograd.tensor import Tensor
 
 
 class Proxy(Tensor):
@@ -32,18 +32,7 @@ class Proxy(Tensor):
 
     def __init__(self, tracer, node):
         self.node, self.tracer = node, tracer
-        self._requires_grad = False
-        self._grad_fn = None
-        self._output_nr = 0
-        self._version_counter = VersionCounter()
-        self._base = None
-        self._view_version = 0
-        self.grad = None
-        self._grad_acc_ref = None
-        self._retains_grad = False
-        self._backward_hooks = None
-        self._post_accumulate_grad_hooks = None
-        self._creation = None
+        self._init_state()  # a tensor with no history (its _data is never set)
 
     @property
     def _data(self):
