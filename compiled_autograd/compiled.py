@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from contextlib import nullcontext
 import operator
 import os
 import threading
@@ -275,7 +276,7 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
         from runtime import memory
         # As eager: the backward (and the hooks it calls) runs without grad mode.
         with set_grad_enabled(False), \
-                memory.category("gradient") if memory.active() else _null():
+                memory.category("gradient") if memory.active() else nullcontext():
             out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
                            list(sizes), list(scalars), collected.hooks, collected.packed_data)
     finally:
@@ -312,14 +313,6 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
         log.info(f"not cached: {collected.uncacheable_reason}")
     family.last_sizes = sizes
     return entry
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):

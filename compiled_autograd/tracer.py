@@ -75,10 +75,6 @@ class Proxy(Tensor):
         return f"Proxy({self.node.name}: {self.node.format_type()})"
 
 
-def _aval(a):
-    return a if not isinstance(a, Tensor) else a  # Proxy and Tensor both have shape/dtype
-
-
 class Tracer:
     """Builds the graph; knows where each runtime value sits in the boxed lists."""
 
