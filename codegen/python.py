@@ -5,16 +5,14 @@ graph nodes into structured lines for it. Every value is dropped right after its
 last use (``Graph.last_uses``, the liveness analysis the interpreter uses too).
 Kernels, hook callers and constants are globals of the generated function, never
 pasted as text; user-controlled strings (autograd node names of custom Functions)
-only reach comments, sanitised. The source is registered with ``linecache`` so a
-traceback shows the generated line.
+only reach comments, sanitised. ``runtime.loader`` compiles it and registers it
+with ``linecache``, so a traceback shows the generated line.
 
 Two functions share one code object: one calling the kernels directly, one calling
 them through ``run_kernel`` so that ``ca.memory.profile()`` sees every allocation.
 """
 from __future__ import annotations
 
-import hashlib
-import linecache
 import math
 import re
 import types
@@ -26,6 +24,7 @@ from compiled_autograd.graph import Node
 from compiled_autograd.hook_calls import CALL_HOOK
 from compiled_autograd.symbolic import SymFloat, SymInt
 from runtime import memory
+from runtime.loader import load_python
 from runtime.prims import PRIMS, run_kernel
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates"),
@@ -138,15 +137,12 @@ class PythonBackward:
 
     def __init__(self, graph):
         self.code, constants = generate(graph)
-        self.filename = f"<compiled_autograd backward {hashlib.sha1(self.code.encode()).hexdigest()[:12]}>"
-        linecache.cache[self.filename] = (len(self.code), None,
-                                          self.code.splitlines(True), self.filename)
-        fast = {"__builtins__": __builtins__, **constants}
+        fast = dict(constants)
         for name, prim in PRIMS.items():
             fast[f"_k_{name}"] = prim.kernel
         for kind, fn in CALL_HOOK.items():
             fast[f"_h_{kind}"] = fn
-        exec(compile(self.code, self.filename, "exec"), fast)
+        self.filename, fast = load_python(self.code, fast)
         self.fast = fast["compiled_backward"]
         accounted = dict(fast)
         for name, prim in PRIMS.items():
