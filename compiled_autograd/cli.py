@@ -86,9 +86,24 @@ def _script(path):
     return Model(make, f"script {path}")
 
 
+_SIZE_FLAGS = {"mlp": ("layers", "width", "batch"),
+               "transformer": ("layers", "d_model", "heads", "seq", "batch", "vocab")}
+
+
 def load_model(args):
+    given = [n for n in ("layers", "width", "d_model", "heads", "seq", "batch", "vocab")
+             if getattr(args, n) is not None]
     if args.script is not None:
+        extra = given + [n for n in ("example", "checkpoint", "offload") if getattr(args, n)]
+        if extra:
+            raise UsageError(f"--script cannot be combined with "
+                             f"{', '.join('--' + n.replace('_', '-') for n in extra)}")
         return _script(args.script)
+    args.example = args.example or "transformer"
+    wrong = [n for n in given if n not in _SIZE_FLAGS[args.example]]
+    if wrong:
+        raise UsageError(f"{', '.join('--' + n.replace('_', '-') for n in wrong)} does not "
+                         f"apply to --example {args.example}")
     return _example(args)
 
 
@@ -128,10 +143,21 @@ def cmd_trace(args, out):
     return 0
 
 
+def _same_model(first, second):
+    """Two calls of model() must build the same computation on the same tensors,
+    or comparing their gradients means nothing."""
+    leaves_a, leaves_b = _leaves(first), _leaves(second)
+    same = len(leaves_a) == len(leaves_b) and all(a is b for a, b in zip(leaves_a, leaves_b))
+    if not same or first.item() != second.item():
+        raise UsageError("model() must compute the same loss from the same parameters on "
+                         "every call: create parameters and data once, at module level")
+
+
 def cmd_run(args, out):
     import compiled_autograd as ca
     model = load_model(args)
     loss = model.loss()
+    _same_model(loss, model.loss())
     leaves = _leaves(loss)
     for leaf in leaves:
         leaf.grad = None
@@ -171,14 +197,23 @@ def cmd_run(args, out):
 
 
 def _mb(nbytes):
-    return f"{nbytes / 2 ** 20:9.2f} MiB"
+    """Bytes in a readable unit (B, KiB or MiB)."""
+    if nbytes >= 2 ** 20:
+        return f"{nbytes / 2 ** 20:9.2f} MiB"
+    if nbytes >= 2 ** 10:
+        return f"{nbytes / 2 ** 10:9.2f} KiB"
+    return f"{nbytes:9d} B  "
 
 
 def cmd_memory(args, out):
     import compiled_autograd as ca
     model = load_model(args)
-    if args.report and os.path.splitext(args.report)[1] not in (".html", ".txt", ".json"):
-        raise UsageError("--report must end in .html, .txt or .json")
+    if args.report:
+        if os.path.splitext(args.report)[1] not in (".html", ".txt", ".json"):
+            raise UsageError("--report must end in .html, .txt or .json")
+        folder = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise UsageError(f"cannot write the report: {folder} is not a writable directory")
     rows, profiles = [], {}
     for label, unpack in (("eager autograd", None), ("compiled, progressive", "progressive"),
                           ("compiled, upfront", "upfront")):
@@ -247,7 +282,7 @@ def cmd_demo(args, out):
 
 def _model_args(p):
     g = p.add_argument_group("model")
-    g.add_argument("--example", choices=["mlp", "transformer"], default="transformer",
+    g.add_argument("--example", choices=["mlp", "transformer"],
                    help="bundled example (default transformer)")
     g.add_argument("--script", help="a Python file defining model() -> scalar loss")
     for name in ("layers", "width", "d-model", "heads", "seq", "batch", "vocab"):
@@ -294,6 +329,10 @@ def main(argv=None, out=print) -> int:
         return COMMANDS[args.command](args, out)
     except UsageError as exc:
         print(f"compiled-autograd: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        print(f"compiled-autograd: error: out of memory ({exc}); try smaller sizes",
+              file=sys.stderr)
         return 2
 
 

@@ -71,7 +71,20 @@ def _log_flags():
 def _log(kind, message):
     flags = _log_flags()
     if kind in flags or (kind == "graph" and "verbose" in flags):
+        _ensure_handler()
         log.info(message)
+
+
+def _ensure_handler():
+    """CA_LOGS alone shows the logs (like TORCH_LOGS): attach a stderr handler to
+    the ``compiled_autograd`` logger unless the application configured one."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[compiled_autograd] %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
 
 
 # ---------------------------------------------------------------- the cache
@@ -290,6 +303,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
     sizes = tuple(collected.sizes)
     if family is None:
         if "verbose" in _log_flags():
+            _ensure_handler()
             log.info(_miss_reason(cache_key[-1]))
         dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if options.dynamic else set()
         family = _Family(dynamic, [])
@@ -301,6 +315,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
         family.dynamic |= changed
         if "verbose" in _log_flags():
             names = ", ".join(f"s{p}" for p in sorted(changed)) or "none (a guard failed)"
+            _ensure_handler()
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
                              len(input_edges or ()), family.dynamic)
@@ -310,6 +325,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
     if collected.uncacheable_reason is None:
         family.entries.append((_static_check(sizes, dynamic), guards, entry))
     elif "verbose" in _log_flags():
+        _ensure_handler()
         log.info(f"not cached: {collected.uncacheable_reason}")
     family.last_sizes = sizes
     return entry

@@ -49,6 +49,10 @@ class MemorySchedule:
     live_at_peak: list
     unpacks: dict = field(default_factory=dict)  # value -> (unpack step, free step)
 
+    def __repr__(self):
+        return (f"MemorySchedule(peak_bytes={self.peak_bytes:,}, peak_node={self.peak_node!r}, "
+                f"steps={len(self.steps)}, unpacks={len(self.unpacks)})")
+
     def table(self, limit=None) -> str:
         """A text table: step | node | target | allocated | live | event."""
         rows = [f"{'step':>5}  {'node':<22} {'target':<18} {'allocated':>12} "
@@ -142,7 +146,7 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
                           allocated, live, during, event))
         if during > peak:
             peak, peak_index = during, i
-            peak_live = [LiveValue(str(k if not hasattr(k, "name") else k.name), size[k],
+            peak_live = [LiveValue(k.name if hasattr(k, "name") else f"{k[1]}.grad", size[k],
                                    category[k], source[k])
                          for k, n in owners.items() if (n > 0 or k is node) and size[k]]
     free_step = {}

@@ -51,8 +51,9 @@ def test_user_script(tmp_path):
         "import compiled_autograd as ca\n"
         "ca.manual_seed(0)\n"
         "w = ca.randn(4, 4, requires_grad=True)\n"
+        "x = ca.randn(3, 4)\n"
         "def model():\n"
-        "    return (ca.randn(3, 4) @ w).tanh().sum()\n")
+        "    return (x @ w).tanh().sum()\n")
     code, text = run_cli(["run", "--script", str(script), "--backend", "eager"])
     assert code == 0 and "gradients of 1 tensors" in text
 
@@ -63,6 +64,9 @@ def test_user_script(tmp_path):
     (["trace", "--example", "transformer", "--d-model", "30", "--heads", "4"], "divisible"),
     (["memory", *SMALL, "--report", "out.pdf"], "--report must end in"),
     (["trace", "--nope"], "unrecognized arguments"),
+    (["trace", "--example", "mlp", "--d-model", "8"], "does not apply to --example mlp"),
+    (["trace", "--script", "x.py", "--checkpoint"], "--script cannot be combined"),
+    (["memory", *SMALL, "--report", "/nonexistent/dir/r.html"], "not a writable directory"),
 ])
 def test_errors_are_one_line_exit_2(args, message, capsys):
     assert main(args, out=lambda s: None) == 2
@@ -80,6 +84,16 @@ def test_script_errors(tmp_path, capsys):
                          "def model():\n    return ca.randn(3, requires_grad=True) * 2\n")
     assert main(["trace", "--script", str(nonscalar)], out=lambda s: None) == 2
     assert "scalar loss" in capsys.readouterr().err
+
+
+def test_run_refuses_a_model_that_changes_between_calls(tmp_path, capsys):
+    script = tmp_path / "fresh_params.py"
+    script.write_text("import compiled_autograd as ca\n"
+                      "def model():\n"
+                      "    w = ca.randn(4, 2, requires_grad=True)\n"
+                      "    return (ca.randn(3, 4) @ w).sum()\n")
+    assert main(["run", "--script", str(script)], out=lambda s: None) == 2
+    assert "same parameters on every call" in capsys.readouterr().err
 
 
 def test_module_entry_point_runs():
