@@ -109,17 +109,43 @@ def contains_symbol(value) -> bool:
     return False
 
 
-def _binop(op, a, b):
-    if not isinstance(b, int) or isinstance(b, bool):
-        return NotImplemented
-    return SymInt(_BINOPS[op](hint(a), hint(b)), (op, expr_of(a), expr_of(b)))
+def _operand(value, types):
+    return isinstance(value, types) and not isinstance(value, bool)
 
 
-def _compare(op, a, b):
-    if not isinstance(b, int) or isinstance(b, bool):
-        return NotImplemented
-    result = _COMPARE[op](hint(a), hint(b))
-    return _record(expr_of(a), op, expr_of(b), result)
+def _install_operators(cls, ops, types):
+    """Arithmetic that stays symbolic (a new ``cls`` carrying the expression) and
+    comparisons that record guards, for the symbolic number class ``cls``."""
+    def arith(op):
+        def forward(self, other):
+            if not _operand(other, types):
+                return NotImplemented
+            return cls(_BINOPS[op](hint(self), hint(other)),
+                       (op, expr_of(self), expr_of(other)))
+
+        def reflected(self, other):
+            if not _operand(other, types):
+                return NotImplemented
+            return cls(_BINOPS[op](hint(other), hint(self)),
+                       (op, expr_of(other), expr_of(self)))
+        return forward, reflected
+
+    def compare(op):
+        def method(self, other):
+            if not _operand(other, (int, float)):
+                return NotImplemented
+            result = _COMPARE[op](hint(self), hint(other))
+            return _record(expr_of(self), op, expr_of(other), result)
+        return method
+
+    for op, name in ops:
+        forward, reflected = arith(op)
+        setattr(cls, f"__{name}__", forward)
+        setattr(cls, f"__r{name}__", reflected)
+    for op, name in (("==", "eq"), ("!=", "ne"), ("<", "lt"), ("<=", "le"), (">", "gt"),
+                     (">=", "ge")):
+        setattr(cls, f"__{name}__", compare(op))
+    cls.__hash__ = cls.__mro__[1].__hash__
 
 
 class SymInt(int):
@@ -135,20 +161,6 @@ class SymInt(int):
     def size(cls, value, position):
         return cls(value, ("s", position))
 
-    __add__ = lambda self, o: _binop("+", self, o)          # noqa: E731
-    __radd__ = lambda self, o: _binop("+", o, self) if isinstance(o, int) else NotImplemented  # noqa: E501,E731
-    __sub__ = lambda self, o: _binop("-", self, o)          # noqa: E731
-    __rsub__ = lambda self, o: _binop("-", o, self) if isinstance(o, int) else NotImplemented  # noqa: E501,E731
-    __mul__ = lambda self, o: _binop("*", self, o)          # noqa: E731
-    __rmul__ = lambda self, o: _binop("*", o, self) if isinstance(o, int) else NotImplemented  # noqa: E501,E731
-    __floordiv__ = lambda self, o: _binop("//", self, o)    # noqa: E731
-    __eq__ = lambda self, o: _compare("==", self, o)        # noqa: E731
-    __ne__ = lambda self, o: _compare("!=", self, o)        # noqa: E731
-    __lt__ = lambda self, o: _compare("<", self, o)         # noqa: E731
-    __le__ = lambda self, o: _compare("<=", self, o)        # noqa: E731
-    __gt__ = lambda self, o: _compare(">", self, o)         # noqa: E731
-    __ge__ = lambda self, o: _compare(">=", self, o)        # noqa: E731
-    __hash__ = int.__hash__
 
     def _specialize(self):
         # Leaving the symbolic world pins the value: guard that it stays.
@@ -176,20 +188,7 @@ class SymInt(int):
         return (SymInt, (self._hint, self.expr))
 
 
-def _fbinop(op, a, b):
-    if not isinstance(b, (int, float)) or isinstance(b, bool):
-        return NotImplemented
-    return SymFloat(_FBINOPS[op](hint(a), hint(b)), (op, expr_of(a), expr_of(b)))
-
-
-_FBINOPS = dict(_BINOPS, **{"/": lambda a, b: a / b})
-_BINOPS["/"] = _FBINOPS["/"]
-
-
-def _fcompare(op, a, b):
-    if not isinstance(b, (int, float)) or isinstance(b, bool):
-        return NotImplemented
-    return _record(expr_of(a), op, expr_of(b), _COMPARE[op](hint(a), hint(b)))
+_BINOPS["/"] = lambda a, b: a / b
 
 
 class SymFloat(float):
@@ -208,21 +207,6 @@ class SymFloat(float):
     def scalar(cls, value, position):
         return cls(value, ("c", position))
 
-    __add__ = lambda self, o: _fbinop("+", self, o)          # noqa: E731
-    __radd__ = lambda self, o: _fbinop("+", o, self) if isinstance(o, (int, float)) else NotImplemented  # noqa: E501,E731
-    __sub__ = lambda self, o: _fbinop("-", self, o)          # noqa: E731
-    __rsub__ = lambda self, o: _fbinop("-", o, self) if isinstance(o, (int, float)) else NotImplemented  # noqa: E501,E731
-    __mul__ = lambda self, o: _fbinop("*", self, o)          # noqa: E731
-    __rmul__ = lambda self, o: _fbinop("*", o, self) if isinstance(o, (int, float)) else NotImplemented  # noqa: E501,E731
-    __truediv__ = lambda self, o: _fbinop("/", self, o)      # noqa: E731
-    __rtruediv__ = lambda self, o: _fbinop("/", o, self) if isinstance(o, (int, float)) else NotImplemented  # noqa: E501,E731
-    __eq__ = lambda self, o: _fcompare("==", self, o)        # noqa: E731
-    __ne__ = lambda self, o: _fcompare("!=", self, o)        # noqa: E731
-    __lt__ = lambda self, o: _fcompare("<", self, o)         # noqa: E731
-    __le__ = lambda self, o: _fcompare("<=", self, o)        # noqa: E731
-    __gt__ = lambda self, o: _fcompare(">", self, o)         # noqa: E731
-    __ge__ = lambda self, o: _fcompare(">=", self, o)        # noqa: E731
-    __hash__ = float.__hash__
 
     def __repr__(self):
         return format_expr(self.expr)
@@ -231,3 +215,8 @@ class SymFloat(float):
 
     def __reduce__(self):
         return (SymFloat, (self._hint, self.expr))
+
+
+_install_operators(SymInt, (("+", "add"), ("-", "sub"), ("*", "mul"), ("//", "floordiv")), int)
+_install_operators(SymFloat, (("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv")),
+                   (int, float))
