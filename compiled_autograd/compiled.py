@@ -31,7 +31,8 @@ from compiled_autograd.symbolic import ShapeEnv, guards_hold
 log = logging.getLogger("compiled_autograd")
 
 # name -> "module:function" or a compiler callable(graph) -> callable
-BACKENDS: dict = {"eager": Interpreter, "python": "codegen.python:compile_graph"}
+BACKENDS: dict = {"eager": Interpreter, "python": "codegen.python:compile_graph",
+                  "c": "codegen.c_run:compile_graph"}
 
 
 def register_backend(name: str, compiler) -> None:
@@ -117,6 +118,14 @@ class CompiledBackward:
         if getattr(fn, "code", None) is None:
             fn = resolve_backend("python")(self.graph)
         return fn.code
+
+    @property
+    def c_code(self) -> str:
+        """The generated C source (backend "c"); generating it needs no compiler."""
+        fn = self.fn
+        if getattr(fn, "c_code", None) is None:
+            fn = resolve_backend("c")(self.graph, build=False)
+        return fn.c_code
 
     def to_dot(self) -> str:
         return self.graph.to_dot()

@@ -226,11 +226,12 @@ class AccumulateGrad(Node):
         return ()
 
 
-def accumulate_into(variable, g) -> None:
+def accumulate_into(variable, g, owned=False) -> None:
     """torch's AccumulateGrad: the first gradient is stored (a copy, since arrays
-    flowing through the backward may be shared views); later ones are added in
-    place, so ``.grad`` stays the same object. Under create_graph (Tensor
-    gradients) accumulation is out of place and differentiable."""
+    flowing through the backward may be shared views, unless the caller ``owned``
+    a fresh C-contiguous array nobody else holds); later ones are added in place,
+    so ``.grad`` stays the same object. Under create_graph (Tensor gradients)
+    accumulation is out of place and differentiable."""
     from compiled_autograd.tensor import Tensor
     if isinstance(g, Tensor):
         # A copy (differentiable): g may be shared with another leaf or be the
@@ -238,8 +239,11 @@ def accumulate_into(variable, g) -> None:
         variable.grad = ops.copy(g) if variable.grad is None else variable.grad + g
         return
     if variable.grad is None:
-        stored = np.array(g, dtype=variable.dtype, order="C", copy=True)
-        on_array(stored, "AccumulateGrad")
+        if owned and g.dtype == variable.dtype:
+            stored = g
+        else:
+            stored = np.array(g, dtype=variable.dtype, order="C", copy=True)
+            on_array(stored, "AccumulateGrad")
         variable.grad = Tensor._make(stored)
     elif variable.grad.requires_grad:
         stored = np.add(variable.grad._data, g)

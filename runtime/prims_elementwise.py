@@ -16,7 +16,8 @@ from runtime.special import erf as _erf
 # ---------------------------------------------------------------- unary
 
 
-@prim("neg", meta=same_meta)
+@prim("neg", meta=same_meta,
+      c_template="-{{ a }}")
 def neg(x):
     return as_array(np.negative(x))
 
@@ -26,7 +27,8 @@ def _(ctx, g):
     return (ops.neg(g),)
 
 
-@prim("exp", meta=same_meta, save=("out",))
+@prim("exp", meta=same_meta, save=("out",),
+      c_template="exp({{ a }})")
 def exp(x):
     return as_array(np.exp(x))
 
@@ -37,7 +39,8 @@ def _(ctx, g):
     return (ops.mul(g, out),)
 
 
-@prim("log", meta=same_meta, save=(0,))
+@prim("log", meta=same_meta, save=(0,),
+      c_template="log({{ a }})")
 def log(x):
     return as_array(np.log(x))
 
@@ -48,7 +51,8 @@ def _(ctx, g):
     return (ops.div(g, x),)
 
 
-@prim("sqrt", meta=same_meta, save=("out",))
+@prim("sqrt", meta=same_meta, save=("out",),
+      c_template="sqrt({{ a }})")
 def sqrt(x):
     return as_array(np.sqrt(x))
 
@@ -59,7 +63,8 @@ def _(ctx, g):
     return (ops.div(ops.mul(g, 0.5), out),)
 
 
-@prim("abs", meta=same_meta, save=(0,))
+@prim("abs", meta=same_meta, save=(0,),
+      c_template="fabs({{ a }})")
 def abs_(x):
     return as_array(np.abs(x))
 
@@ -70,7 +75,8 @@ def _(ctx, g):
     return (ops.mul(g, ops.sign(x)),)
 
 
-@prim("sign", meta=same_meta)
+@prim("sign", meta=same_meta,
+      c_template="ca_sign({{ a }})")
 def sign(x):
     return as_array(np.sign(x))
 
@@ -81,7 +87,8 @@ def _(ctx, g):
     return (ops.full_like(g, value=0.0),)
 
 
-@prim("sin", meta=same_meta, save=(0,))
+@prim("sin", meta=same_meta, save=(0,),
+      c_template="sin({{ a }})")
 def sin(x):
     return as_array(np.sin(x))
 
@@ -92,7 +99,8 @@ def _(ctx, g):
     return (ops.mul(g, ops.cos(x)),)
 
 
-@prim("cos", meta=same_meta, save=(0,))
+@prim("cos", meta=same_meta, save=(0,),
+      c_template="cos({{ a }})")
 def cos(x):
     return as_array(np.cos(x))
 
@@ -103,7 +111,8 @@ def _(ctx, g):
     return (ops.neg(ops.mul(g, ops.sin(x))),)
 
 
-@prim("tanh", meta=same_meta, save=("out",))
+@prim("tanh", meta=same_meta, save=("out",),
+      c_template="tanh({{ a }})")
 def tanh(x):
     return as_array(np.tanh(x))
 
@@ -114,7 +123,8 @@ def _(ctx, g):
     return (ops.mul(g, ops.sub(1.0, ops.mul(out, out))),)
 
 
-@prim("sigmoid", meta=same_meta, save=("out",))
+@prim("sigmoid", meta=same_meta, save=("out",),
+      c_template="ca_sigmoid({{ a }})")
 def sigmoid(x):
     # Split by sign so exp never overflows.
     x = np.asarray(x)
@@ -128,7 +138,8 @@ def _(ctx, g):
     return (ops.mul(ops.mul(g, out), ops.sub(1.0, out)),)
 
 
-@prim("erf", meta=same_meta, save=(0,))
+@prim("erf", meta=same_meta, save=(0,),
+      c_template="erf({{ a }})")
 def erf(x):
     return _erf(np.asarray(x))
 
@@ -139,7 +150,8 @@ def _(ctx, g):
     return (ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
 
 
-@prim("relu", meta=same_meta, save=("out",))
+@prim("relu", meta=same_meta, save=("out",),
+      c_template="ca_maximum({{ a }}, 0)")
 def relu(x):
     return as_array(np.maximum(x, 0))
 
@@ -156,7 +168,8 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@prim("gelu", meta=same_meta, save=(0,))
+@prim("gelu", meta=same_meta, save=(0,),
+      c_template='{% if approximate == "tanh" %}ca_gelu_tanh({{ a }}){% else %}ca_gelu({{ a }}){% endif %}')
 def gelu(x, approximate="none"):
     x = np.asarray(x)
     if approximate == "tanh":
@@ -190,7 +203,8 @@ def _unbroadcast(ctx, i, g):
     return sum_to(g, ctx.shapes[i])
 
 
-@prim("add", meta=elementwise_meta)
+@prim("add", meta=elementwise_meta,
+      c_template="{{ a }} + {{ b }}")
 def add(a, b):
     return as_array(np.add(a, b))
 
@@ -200,7 +214,8 @@ def _(ctx, g):
     return _unbroadcast(ctx, 0, g), _unbroadcast(ctx, 1, g)
 
 
-@prim("sub", meta=elementwise_meta)
+@prim("sub", meta=elementwise_meta,
+      c_template="{{ a }} - {{ b }}")
 def sub(a, b):
     return as_array(np.subtract(a, b))
 
@@ -210,7 +225,8 @@ def _(ctx, g):
     return _unbroadcast(ctx, 0, g), (_unbroadcast(ctx, 1, ops.neg(g)) if ctx.needs[1] else None)
 
 
-@prim("mul", meta=elementwise_meta, save=((1, 0), (0, 1)))
+@prim("mul", meta=elementwise_meta, save=((1, 0), (0, 1)),
+      c_template="{{ a }} * {{ b }}")
 def mul(a, b):
     return as_array(np.multiply(a, b))
 
@@ -222,7 +238,8 @@ def _(ctx, g):
             _unbroadcast(ctx, 1, ops.mul(g, a)) if ctx.needs[1] else None)
 
 
-@prim("div", meta=elementwise_meta, save=(1, (0, 1)))
+@prim("div", meta=elementwise_meta, save=(1, (0, 1)),
+      c_template="{{ a }} / {{ b }}")
 def div(a, b):
     return as_array(np.true_divide(a, b))
 
@@ -238,7 +255,8 @@ def _(ctx, g):
     return ga, gb
 
 
-@prim("pow", meta=elementwise_meta, save=(0, 1, ("out", 1)))
+@prim("pow", meta=elementwise_meta, save=(0, 1, ("out", 1)),
+      c_template="pow({{ a }}, {{ b }})")
 def pow_(a, b):
     return as_array(np.power(a, b))
 
@@ -277,7 +295,8 @@ def _minmax_vjp(ctx, g, a_wins):
     return ga, gb
 
 
-@prim("maximum", meta=elementwise_meta, save=(0, 1))
+@prim("maximum", meta=elementwise_meta, save=(0, 1),
+      c_template="ca_maximum({{ a }}, {{ b }})")
 def maximum(a, b):
     return as_array(np.maximum(a, b))
 
@@ -288,7 +307,8 @@ def _(ctx, g):
     return _minmax_vjp(ctx, g, ops.gt(a, b))
 
 
-@prim("minimum", meta=elementwise_meta, save=(0, 1))
+@prim("minimum", meta=elementwise_meta, save=(0, 1),
+      c_template="ca_minimum({{ a }}, {{ b }})")
 def minimum(a, b):
     return as_array(np.minimum(a, b))
 
@@ -299,7 +319,8 @@ def _(ctx, g):
     return _minmax_vjp(ctx, g, ops.gt(b, a))
 
 
-@prim("clamp", meta=same_meta, save=(0,))
+@prim("clamp", meta=same_meta, save=(0,),
+      c_template="{% if min is not none and max is not none %}ca_minimum(ca_maximum({{ a }}, {{ min }}), {{ max }}){% elif min is not none %}ca_maximum({{ a }}, {{ min }}){% elif max is not none %}ca_minimum({{ a }}, {{ max }}){% else %}{{ a }}{% endif %}")
 def clamp(x, min=None, max=None):
     return as_array(np.clip(x, min, max))
 
@@ -319,17 +340,20 @@ def _(ctx, g):
 # ---------------------------------------------------------------- comparisons, where
 
 
-@prim("gt", meta=compare_meta, differentiable=False)
+@prim("gt", meta=compare_meta, differentiable=False,
+      c_template="{{ a }} > {{ b }}")
 def gt(a, b):
     return as_array(np.greater(a, b))
 
 
-@prim("ge", meta=compare_meta, differentiable=False)
+@prim("ge", meta=compare_meta, differentiable=False,
+      c_template="{{ a }} >= {{ b }}")
 def ge(a, b):
     return as_array(np.greater_equal(a, b))
 
 
-@prim("eq", meta=compare_meta, differentiable=False)
+@prim("eq", meta=compare_meta, differentiable=False,
+      c_template="{{ a }} == {{ b }}")
 def eq(a, b):
     return as_array(np.equal(a, b))
 
@@ -339,7 +363,8 @@ def _where_meta(cond, a, b, **_):
             np.result_type(dtype_of(a), dtype_of(b)))
 
 
-@prim("where", meta=_where_meta, save=(0,))
+@prim("where", meta=_where_meta, save=(0,),
+      c_template="{{ a }} ? {{ b }} : {{ c }}")
 def where(cond, a, b):
     return as_array(np.where(cond, a, b))
 
@@ -355,7 +380,8 @@ def _(ctx, g):
 # ---------------------------------------------------------------- casts and constants
 
 
-@prim("astype", meta=lambda x, dtype: (tuple(x.shape), np.dtype(dtype)))
+@prim("astype", meta=lambda x, dtype: (tuple(x.shape), np.dtype(dtype)),
+      c_template='{% if T == "uint8_t" %}{{ a }} != 0{% else %}{{ a }}{% endif %}')
 def astype(x, dtype):
     return np.asarray(x).astype(dtype, order="C", copy=True)
 
@@ -365,7 +391,8 @@ def _(ctx, g):
     return (ops.astype(g, dtype=ctx.dtypes[0]),)
 
 
-@prim("copy", meta=same_meta)
+@prim("copy", meta=same_meta,
+      c_template="{{ a }}")
 def copy(x):
     """A fresh C-contiguous copy (clone, contiguous)."""
     return np.array(x, order="C", copy=True)
@@ -381,7 +408,8 @@ def _full_like_meta(x, value, shape=None, dtype=None):
             x.dtype if dtype is None else np.dtype(dtype))
 
 
-@prim("full_like", meta=_full_like_meta, differentiable=False)
+@prim("full_like", meta=_full_like_meta, differentiable=False,
+      c_template="{{ value }}")
 def full_like(x, value, shape=None, dtype=None):
     """A new array filled with ``value``; x gives the default shape and dtype."""
     return np.full(x.shape if shape is None else shape, value,
@@ -390,7 +418,8 @@ def full_like(x, value, shape=None, dtype=None):
 
 @prim("masked_fill", meta=lambda x, mask, value: (
     broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value)), x.dtype),
-    save=(1,))
+    save=(1,),
+      c_template="{{ b }} ? {{ c }} : {{ a }}")
 def masked_fill(x, mask, value):
     """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is
     fill_/copy_: the in-place forms get a zero gradient for the overwritten value."""

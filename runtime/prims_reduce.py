@@ -26,7 +26,8 @@ def _expand_back(g, shape, dims, keepdim):
     return ops.expand(g, shape=tuple(shape))
 
 
-@prim("sum", meta=_reduce_meta)
+@prim("sum", meta=_reduce_meta,
+      c_template="reduce.c.j2")
 def sum_(x, dims, keepdim):
     """Sum over ``dims`` (a tuple of non-negative dims; () sums nothing)."""
     return as_array(np.sum(x, axis=dims, keepdims=keepdim))
@@ -37,7 +38,8 @@ def _(ctx, g):
     return (_expand_back(g, ctx.shapes[0], ctx.params["dims"], ctx.params["keepdim"]),)
 
 
-@prim("amax", meta=_reduce_meta, save=(0, "out"))
+@prim("amax", meta=_reduce_meta, save=(0, "out"),
+      c_template="reduce.c.j2")
 def amax(x, dims, keepdim):
     return as_array(np.amax(x, axis=dims, keepdims=keepdim))
 
@@ -58,7 +60,8 @@ def _argmax_meta(x, dim, keepdim):
     return _reduced_shape(x.shape, (dim,), keepdim), np.dtype(np.int64)
 
 
-@prim("argmax", meta=_argmax_meta, differentiable=False)
+@prim("argmax", meta=_argmax_meta, differentiable=False,
+      c_template="argmax.c.j2")
 def argmax(x, dim, keepdim):
     """Index of the first maximum along ``dim`` (None: of the flattened array)."""
     return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
@@ -78,7 +81,8 @@ def transpose_last(x):
     return ops.permute(x, perm=tuple(range(n - 2)) + (n - 1, n - 2))
 
 
-@prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)))
+@prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)),
+      c_template="matmul.c.j2")
 def matmul(a, b):
     """Batched matrix product; both operands have at least 2 dims."""
     return as_array(np.matmul(a, b))
@@ -99,7 +103,8 @@ def _same_meta(x, **_):
     return tuple(x.shape), x.dtype
 
 
-@prim("softmax", meta=_same_meta, save=("out",))
+@prim("softmax", meta=_same_meta, save=("out",),
+      c_template="softmax.c.j2")
 def softmax(x, dim):
     if x.size == 0:  # numpy's amax has no identity for an empty reduction
         return np.array(x, order="C", copy=True)
@@ -114,7 +119,8 @@ def _(ctx, g):
     return (ops.mul(out, ops.sub(g, dot)),)
 
 
-@prim("log_softmax", meta=_same_meta, save=("out",))
+@prim("log_softmax", meta=_same_meta, save=("out",),
+      c_template="softmax.c.j2")
 def log_softmax(x, dim):
     if x.size == 0:
         return np.array(x, order="C", copy=True)
@@ -129,7 +135,8 @@ def _(ctx, g):
     return (ops.sub(g, ops.mul(ops.exp(out), total)),)
 
 
-@prim("layer_norm", meta=_same_meta, save=(0,))
+@prim("layer_norm", meta=_same_meta, save=(0,),
+      c_template="layer_norm.c.j2")
 def layer_norm(x, ndim, eps):
     """Normalise over the last ``ndim`` dims (biased variance); the affine part is
     ordinary mul/add ops."""
@@ -166,7 +173,8 @@ def _linear_meta(x, w, b=None):
     return tuple(x.shape[:-1]) + (w.shape[0],), np.result_type(x.dtype, w.dtype)
 
 
-@prim("linear", meta=_linear_meta, save=((0, 1), (1, 0)))
+@prim("linear", meta=_linear_meta, save=((0, 1), (1, 0)),
+      c_template="linear.c.j2")
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
     gradient comes out in w's own layout (no transposed copy)."""

@@ -13,7 +13,8 @@ from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 # ---------------------------------------------------------------- views
 
 
-@prim("reshape", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("reshape", view=True, meta=lambda x, shape: (tuple(shape), x.dtype),
+      c_template="{{ a }}")
 def reshape(x, shape):
     """A view when the layout allows one, else a copy (numpy decides)."""
     return np.reshape(x, shape)
@@ -25,7 +26,8 @@ def _(ctx, g):
 
 
 @prim("permute", view=True,
-      meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype))
+      meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype),
+      c_template="{{ a }}")
 def permute(x, perm):
     return np.transpose(x, perm)
 
@@ -35,7 +37,8 @@ def _(ctx, g):
     return (ops.permute(g, perm=tuple(int(i) for i in np.argsort(ctx.params["perm"]))),)
 
 
-@prim("expand", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("expand", view=True, meta=lambda x, shape: (tuple(shape), x.dtype),
+      c_template="{{ a }}")
 def expand(x, shape):
     """Broadcast to ``shape`` without copying (a read-only stride-0 view)."""
     return np.broadcast_to(x, shape)
@@ -57,7 +60,8 @@ def _slice_meta(x, dim, start, stop, step):
     return tuple(shape), x.dtype
 
 
-@prim("slice", view=True, meta=_slice_meta)
+@prim("slice", view=True, meta=_slice_meta,
+      c_template="{{ a }}")
 def slice_(x, dim, start, stop, step):
     """``x[..., start:stop:step, ...]`` along ``dim`` (bounds already clipped)."""
     return x[_slice_key(x.ndim, dim, start, stop, step)]
@@ -69,7 +73,8 @@ def _(ctx, g):
 
 
 @prim("slice_backward",
-      meta=lambda g, shape, dim, start, stop, step: (tuple(shape), g.dtype))
+      meta=lambda g, shape, dim, start, stop, step: (tuple(shape), g.dtype),
+      c_template="slice_backward.c.j2")
 def slice_backward(g, shape, dim, start, stop, step):
     """Zeros of ``shape`` with ``g`` written into the slice: the slice's gradient."""
     out = np.zeros(shape, dtype=g.dtype)
@@ -93,7 +98,8 @@ def _strided_view(flat, shape, strides, offset):
         flat[offset:], shape=shape, strides=tuple(s * item for s in strides))
 
 
-@prim("as_strided", view=True, meta=_as_strided_meta)
+@prim("as_strided", view=True, meta=_as_strided_meta,
+      c_template="{{ a }}")
 def as_strided(x, shape, strides, offset):
     """The view of x's C-order elements with element ``strides`` from ``offset``:
     the geometry of a view relative to its base (what CopySlices records)."""
@@ -107,7 +113,8 @@ def _(ctx, g):
     return (ops.as_strided_scatter(zeros, g, **ctx.params),)
 
 
-@prim("as_strided_scatter", meta=lambda base, src, **_: (tuple(base.shape), base.dtype))
+@prim("as_strided_scatter", meta=lambda base, src, **_: (tuple(base.shape), base.dtype),
+      c_template="as_strided_scatter.c.j2")
 def as_strided_scatter(base, src, shape, strides, offset):
     """A copy of ``base`` whose ``as_strided(shape, strides, offset)`` view is ``src``."""
     out = np.array(base, order="C", copy=True)
@@ -135,7 +142,8 @@ def _cat_meta(*xs, dim):
     return tuple(shape), np.result_type(*[x.dtype for x in xs])
 
 
-@prim("cat", meta=_cat_meta)
+@prim("cat", meta=_cat_meta,
+      c_template="cat.c.j2")
 def cat(*xs, dim):
     return np.concatenate(xs, axis=dim)
 
@@ -160,7 +168,8 @@ def _along_axis_key(idx, dim, shape):
 
 
 @prim("gather", save=(1,),
-      meta=lambda x, idx, dim: (tuple(idx.shape), x.dtype))
+      meta=lambda x, idx, dim: (tuple(idx.shape), x.dtype),
+      c_template="gather.c.j2")
 def gather(x, idx, dim):
     """``out[i][j] = x[i][idx[i][j]]`` along ``dim`` (torch.gather)."""
     return np.take_along_axis(x, idx, axis=dim)
@@ -173,7 +182,8 @@ def _(ctx, g):
 
 
 @prim("scatter_add", save=(1,),
-      meta=lambda src, idx, dim, shape: (tuple(shape), src.dtype))
+      meta=lambda src, idx, dim, shape: (tuple(shape), src.dtype),
+      c_template="scatter_add.c.j2")
 def scatter_add(src, idx, dim, shape):
     """Zeros of ``shape`` with ``src`` added at ``idx`` along ``dim`` (duplicates add)."""
     out = np.zeros(shape, dtype=src.dtype)
@@ -210,7 +220,8 @@ def _index_meta(x, *indices, pattern):
     return shape, x.dtype
 
 
-@prim("index", save=("tail",), meta=_index_meta)
+@prim("index", save=("tail",), meta=_index_meta,
+      c_template="index.c.j2")
 def index(x, *indices, pattern):
     """numpy/torch advanced indexing with integer or boolean index arrays."""
     return as_array(x[_index_key(indices, pattern)])
@@ -224,7 +235,8 @@ def _(ctx, g):
 
 
 @prim("index_accumulate", save=("tail",),
-      meta=lambda src, *indices, shape, pattern: (tuple(shape), src.dtype))
+      meta=lambda src, *indices, shape, pattern: (tuple(shape), src.dtype),
+      c_template="index.c.j2")
 def index_accumulate(src, *indices, shape, pattern):
     """Zeros of ``shape`` with ``src`` added at the indexed places (duplicates add):
     the gradient of ``index``."""

@@ -1,0 +1,503 @@
+"""Backend "c": a graph becomes one C function with a static memory plan.
+
+``generate(graph)`` walks the graph once, in order, and turns every node into C
+through the templates under ``templates/c/`` (an elementwise prim's template is the
+C expression in its prim-table entry; the others name a template file):
+
+- view prims make no code: they re-stride a value (``c_layout``), so a transpose
+  folds into the BLAS call that reads it;
+- an elementwise node whose single user is an elementwise node of the same shape
+  (or a sum/amax reading it) is *fused*: its expression is inlined into the user's
+  loop, so it never touches memory;
+- every other value gets a buffer: in the arena (offsets from ``arena.plan`` over the
+  buffers' live ranges), or, for a gradient handed to ``.grad`` or a returned value,
+  an array Python allocates;
+- a ``call_hook`` node is a *callback site*: the C code calls back into Python
+  (``runner``) at its place in the order, so an unpack hook recomputes or reloads
+  exactly when the backward reaches it. The array it returns is used in place and
+  released by Python at the next callback after its last use (nothing Python can
+  see happens in between). Gradient accumulation is deferred the same way.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import jinja2
+import numpy as np
+
+from codegen import arena as arena_plan
+from codegen.c_layout import (Storage, Val, add, c_expr, contiguous_strides, ctype, dim,
+                              expanded, mul, permuted, prod, reshaped, sliced)
+from compiled_autograd.graph import Node
+from compiled_autograd.symbolic import SymFloat, SymInt, expr_of
+from runtime.prims import PRIMS
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
+                          autoescape=False, keep_trailing_newline=True,
+                          undefined=jinja2.StrictUndefined, trim_blocks=True,
+                          lstrip_blocks=True)
+_EXPR_CACHE: dict[str, jinja2.Template] = {}
+
+VIEWS = ("reshape", "permute", "expand", "slice", "as_strided")
+REDUCTIONS = ("sum", "amax")
+COMPARES = ("gt", "ge", "eq")
+UNCAST = {"where": (0,), "masked_fill": (1,), "astype": (0,)}   # operands kept as they are
+
+
+def is_expression(target) -> bool:
+    """An elementwise prim: its C template is an expression, not a file."""
+    t = PRIMS[target].c_template
+    return t is not None and not t.endswith(".c.j2") and target not in VIEWS
+
+
+def _comment(text) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", str(text))[:80]
+
+
+def literal(value, ct) -> str:
+    """A Python scalar, or a symbolic one, as C of type ``ct``."""
+    if isinstance(value, (SymFloat, SymInt)):
+        return f"(({ct}){c_expr(expr_of(value))})"
+    if isinstance(value, bool):
+        return f"(({ct}){int(value)})"
+    if isinstance(value, int):
+        return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"(({ct})NAN)"
+        if math.isinf(value):
+            return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
+        return f"(({ct}){value!r})"
+    raise NotImplementedError(f"C backend: constant {value!r}")
+
+
+def _used_as_array(node) -> bool:
+    """An input is a Python object (a leaf Tensor) where a hook takes the variable
+    itself (accumulate_grad's first argument, post_acc_grad_hook's second); every
+    other use reads its array."""
+    for u in node.users:
+        if u.op == "call_hook" and (u.target == "post_acc_grad_hook" or (
+                u.target == "accumulate_grad" and u.args[1] is not node)):
+            continue
+        return True
+    return False
+
+
+class Site:
+    """A callback into Python: a hook node, with how to find its arguments."""
+
+    def __init__(self, index, node, args, results):
+        self.index, self.node, self.args, self.results = index, node, args, results
+        self.kind = node.target if node is not None else "release"
+        self.step = 0
+        self.release: list = []       # storages Python drops before running it
+
+
+class CProgram:
+    """What ``generate`` returns: the source and everything the runner needs."""
+
+    def __init__(self):
+        self.source = ""
+        self.inputs: list = []        # (box index, Storage) arrays read from `inputs`
+        self.consts: list = []        # (Storage, ndarray) constants of the graph
+        self.pyrefs: dict = {}        # graph node -> (box name, index): Python objects
+        self.sites: list[Site] = []
+        self.accumulations: list = []  # (step, variable node, grad Val)
+        self.outputs: list = []       # returned values: Val, None, or a pyref node
+        self.out_storages: list = []
+        self.arena_storages: list = []
+        self.ext_storages: list = []
+        self.plan = None
+        self.dynamic = False
+        self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
+
+
+class Emitter:
+    def __init__(self, graph):
+        self.graph = graph
+        self.prog = CProgram()
+        self.vals: dict = {}
+        self.stmts: list[tuple[int, str, str]] = []   # (step, source comment, C text)
+        self.step = 0
+        self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
+        self.fused = self._fusable()
+        self.inplace: list = []       # elementwise statements: (step, out, leaves)
+        self.wants_out = self._wanted_outputs()
+
+    # ------------------------------------------------------------ planning passes
+
+    def _fusable(self):
+        fused = set()
+        for n in self.graph.nodes:
+            if n.op != "call_function" or n.target not in PRIMS or not is_expression(n.target):
+                continue
+            if len(n.users) != 1:
+                continue
+            (u,) = n.users
+            if u.op != "call_function" or u.target not in PRIMS:
+                continue
+            if sum(a is n for a in u.args) != 1 or any(v is n for v in u.kwargs.values()):
+                continue
+            if is_expression(u.target):
+                if tuple(map(dim, n.meta["shape"])) != tuple(map(dim, u.meta["shape"])):
+                    continue
+            elif not (u.target in REDUCTIONS and u.args[0] is n):
+                continue
+            fused.add(n)
+        return fused
+
+    def _wanted_outputs(self):
+        want = set()
+        for n in self.graph.nodes:
+            if n.op == "call_hook" and n.target == "accumulate_grad":
+                want.add(n.args[1])
+            elif n.op == "output":
+                want.update(a for a in n.args[0] if isinstance(a, Node))
+        return want
+
+    # ------------------------------------------------------------ storage
+
+    def new_storage(self, kind, dtype, shape):
+        s = Storage(kind, self.counts[kind], dtype, tuple(shape), self.step)
+        self.counts[kind] += 1
+        {"arena": self.prog.arena_storages, "out": self.prog.out_storages,
+         "ext": self.prog.ext_storages}.get(kind, []).append(s)
+        return s
+
+    def fresh(self, node_or_meta, kind=None):
+        shape = tuple(map(dim, node_or_meta.meta["shape"]))
+        dtype = node_or_meta.meta["dtype"]
+        if kind is None:
+            kind = "out" if node_or_meta in self.wants_out else "arena"
+        return Val(self.new_storage(kind, dtype, shape), dtype, shape)
+
+    def read(self, v: Val):
+        v.storage.read_at(self.step)
+        return v
+
+    def emit(self, text, source=""):
+        self.stmts.append((self.step, source, text))
+
+    # ------------------------------------------------------------ expressions
+
+    def operand(self, a, loop, leaves, ct):
+        """C text of ``a`` inside a loop over ``loop``, converted to ``ct``."""
+        if isinstance(a, Node):
+            if a in self.fused:
+                text, dt = self.expression(a, loop, leaves)
+            else:
+                v = self.read(self.vals[a])
+                lead = len(loop) - len(v.shape)
+                strides = [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)]
+                leaves.append((v.offset, strides, v.storage))
+                text, dt = f"{v.ptr}[@{len(leaves) - 1}@]", v.dtype
+            return text if ct is None or ctype(dt) == ct else f"(({ct}){text})"
+        return literal(a, ct or "double")
+
+    def expression(self, node, loop, leaves):
+        """(C expression, dtype) of an elementwise node over ``loop``."""
+        prim = PRIMS[node.target]
+        out_ct = ctype(node.meta["dtype"])
+        if node.target in COMPARES:
+            arrays = [self.vals_dtype(a) for a in node.args if isinstance(a, Node)]
+            compute = ctype(np.result_type(*arrays)) if arrays else "double"
+        else:
+            compute = out_ct
+        keep = UNCAST.get(node.target, ())
+        names = {}
+        if node.target != "full_like":
+            for i, a in enumerate(node.args):
+                names["abc"[i]] = self.operand(a, loop, leaves, None if i in keep else compute)
+        for k, v in node.kwargs.items():
+            scalar = isinstance(v, (int, float)) and not isinstance(v, bool)
+            names[k] = literal(v, compute) if scalar else v
+        template = _EXPR_CACHE.get(prim.c_template)
+        if template is None:
+            template = _EXPR_CACHE[prim.c_template] = jinja2.Template(
+                prim.c_template, undefined=jinja2.StrictUndefined)
+        text = template.render(T=out_ct, **names)
+        return f"(({out_ct})({text}))", node.meta["dtype"]
+
+    def vals_dtype(self, a):
+        return a.meta["dtype"]
+
+    # ------------------------------------------------------------ loops
+
+    def loop_nest(self, loop, vectors):
+        """Coalesce a loop over ``loop`` (dims) for the given stride vectors.
+        Returns (dims, vectors) with size-1 dims dropped and mergeable dims merged."""
+        keep = [d for d, n in enumerate(loop) if n != 1]
+        dims = [loop[d] for d in keep]
+        vecs = [[v[d] for d in keep] for v in vectors]
+        d = len(dims) - 2
+        while d >= 0:
+            if all(v[d] == mul(v[d + 1], dims[d + 1]) for v in vecs):
+                dims[d:d + 2] = [mul(dims[d], dims[d + 1])]
+                for v in vecs:
+                    v[d:d + 2] = [v[d + 1]]
+            d -= 1
+        return dims, vecs
+
+    @staticmethod
+    def index(offset, strides, names):
+        terms = [] if offset == 0 else [c_expr(offset)]
+        for s, name in zip(strides, names):
+            if s == 0:
+                continue
+            terms.append(name if s == 1 else f"{name} * {c_expr(s)}")
+        return " + ".join(terms) or "0"
+
+    def store_loop(self, out: Val, text, leaves, accumulate=False):
+        """The elementwise statement ``out[...] = text`` over out's shape."""
+        loop = out.shape
+        vectors = [list(out.strides)] + [s for _, s, _ in leaves]
+        dims, vecs = self.loop_nest(loop, vectors)
+        names = [f"i{k}" for k in range(len(dims))]
+        body = text
+        for j, (offset, _, _) in enumerate(leaves):
+            body = body.replace(f"@{j}@", self.index(offset, vecs[j + 1], names))
+        target = f"{out.ptr}[{self.index(out.offset, vecs[0], names)}]"
+        if not accumulate:
+            self.inplace.append((self.step, out, leaves))
+        return _ENV.get_template("elementwise.c.j2").render(
+            loops=list(zip(names, map(c_expr, dims))), target=target, body=body,
+            op="+=" if accumulate else "=")
+
+    def copy_into(self, dst: Val, src: Val, accumulate=False):
+        leaves = []
+        text = self.operand_val(src, dst.shape, leaves, dst.ctype)
+        return self.store_loop(dst, text, leaves, accumulate)
+
+    def operand_val(self, v: Val, loop, leaves, ct):
+        self.read(v)
+        lead = len(loop) - len(v.shape)
+        leaves.append((v.offset, [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)],
+                       v.storage))
+        text = f"{v.ptr}[@{len(leaves) - 1}@]"
+        return text if v.ctype == ct else f"(({ct}){text})"
+
+    def materialize(self, v: Val, kind="arena") -> Val:
+        """A contiguous copy of ``v`` in a new buffer."""
+        out = Val(self.new_storage(kind, v.dtype, v.shape), v.dtype, v.shape)
+        self.emit(self.copy_into(out, v))
+        return out
+
+    def contiguous(self, v: Val) -> Val:
+        return v if v.is_contiguous() else self.materialize(v)
+
+    # ------------------------------------------------------------ the walk
+
+    def run(self):
+        from codegen import c_ops
+        for step, node in enumerate(self.graph.nodes):
+            self.step = step
+            source = _comment(node.meta.get("source") or "")
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                self.output(node)
+            elif node.op == "call_hook":
+                self.hook(node)
+            elif node.target == "getitem":
+                self.getitem(node)
+            elif node in self.fused:
+                continue
+            elif node.target in VIEWS:
+                self.vals[node] = self.view(node)
+            else:
+                before = len(self.stmts)
+                c_ops.emit(self, node)
+                self.stmts[before:] = [(s, source, t) for s, _, t in self.stmts[before:]]
+        return self.finish()
+
+    def getitem(self, node):
+        container, i = node.args
+        if container.op == "placeholder":
+            box = container.target
+            self.prog.pyrefs[node] = (box, int(i))
+            if box == "inputs" and _used_as_array(node):
+                v = self.fresh(node, kind="in")
+                self.prog.inputs.append((int(i), v.storage))
+                self.vals[node] = v
+            return
+        site = self.site_of[container]
+        self.vals[node] = site.item_vals[int(i)]
+
+    def view(self, node):
+        src = self.vals[node.args[0]]
+        p = {k: v for k, v in node.kwargs.items()}
+        shape = tuple(map(dim, node.meta["shape"]))
+        if node.target == "permute":
+            return permuted(src, p["perm"])
+        if node.target == "expand":
+            return expanded(src, shape)
+        if node.target == "slice":
+            v = sliced(src, p["dim"], dim(p["start"]), dim(p["step"]))
+            return v.with_layout(shape, v.strides, v.offset)
+        if node.target == "reshape":
+            v = reshaped(src, shape)
+            return v if v is not None else reshaped(self.materialize(src), shape)
+        if node.target == "as_strided":
+            base = self.contiguous(src)
+            return base.with_layout(shape, tuple(map(dim, p["strides"])),
+                                    add(base.offset, dim(p["offset"])))
+        raise AssertionError(node.target)
+
+    # ------------------------------------------------------------ hooks and outputs
+
+    site_of: dict
+
+    def hook(self, node):
+        if node.target == "accumulate_grad":
+            variable, grad = node.args
+            v = self.vals[grad]
+            if v.storage.kind == "arena":   # a view of an arena buffer: copy it out
+                v = self.materialize(v, kind="out")
+            self.read(v)
+            self.prog.accumulations.append((self.step, variable, v))
+            return
+        args = []
+        for a in node.args:
+            if isinstance(a, Node):
+                if a in self.vals and not (node.target == "post_acc_grad_hook"):
+                    args.append(("val", self.read(self.vals[a])))
+                else:
+                    args.append(("py", a))
+            else:
+                args.append(("lit", a))
+        site = Site(len(self.prog.sites), node, args, [])
+        site.step = self.step
+        site.item_vals = {}
+        if node.users:
+            if node.meta.get("shape") is not None:       # one array
+                v = self.fresh(node, kind="ext")
+                site.results.append((None, v))
+                self.vals[node] = v
+            else:                                         # a tuple: its items
+                for u in node.users:
+                    if u.op == "call_function" and u.target == "getitem":
+                        i = int(u.args[1])
+                        if i not in site.item_vals:
+                            v = self.fresh(u, kind="ext")
+                            site.results.append((i, v))
+                            site.item_vals[i] = v
+        self.site_of[node] = site
+        self.prog.sites.append(site)
+        lines = [f"if (cb({site.index}, {'r' if site.results else 'NULL'})) return 1;"]
+        for j, (_, v) in enumerate(site.results):
+            lines.append(f"{v.ptr} = ({v.ctype} *)r[{j}];")
+        self.emit(_ENV.get_template("callback.c.j2").render(
+            n=len(site.results), lines=lines, kind=node.target))
+
+    def output(self, node):
+        for a in node.args[0]:
+            if a is None:
+                self.prog.outputs.append(None)
+            elif a not in self.vals:
+                self.prog.outputs.append(("py", a))
+            else:
+                v = self.vals[a]
+                if v.storage.kind == "arena":
+                    v = self.materialize(v, kind="out")
+                self.prog.outputs.append(("val", self.read(v)))
+
+    # ------------------------------------------------------------ the function
+
+    def _reuse_dying_inputs(self):
+        """An elementwise loop may write its result over an arena input that dies
+        in that loop, when it reads every element of that input exactly where it
+        writes the same element of the result (out[i] = f(a[i], ...)). The two
+        buffers become one, which lowers the arena (the planner never has to hold
+        both)."""
+        alias: dict = {}
+
+        def root(st):
+            while st in alias:
+                st = alias[st]
+            return st
+
+        for step, out, leaves in self.inplace:
+            b = out.storage
+            if b.kind != "arena" or b.first != step or b in alias:
+                continue
+            for offset, strides, a in leaves:
+                a = root(a)
+                if (a is b or a.kind != "arena" or a.last != step or a.dtype != b.dtype
+                        or a.nbytes != b.nbytes or not isinstance(a.nbytes, int)):
+                    continue
+                same = all(o == out.offset and list(st) == list(out.strides)
+                           for o, st, s in leaves if root(s) is a)
+                if same and out.offset == 0 and out.is_contiguous():
+                    alias[b] = a
+                    a.last = max(a.last, b.last)
+                    break
+        # lifetimes of merged buffers: the union
+        for b in alias:
+            r = root(b)
+            r.last = max(r.last, b.last)
+        kept = [s for s in self.prog.arena_storages if s not in alias]
+        self.prog.arena_index = {s: i for i, s in enumerate(kept)}
+        self.prog.arena_index.update({b: self.prog.arena_index[root(b)] for b in alias})
+        self.prog.arena_storages = kept
+        return {b.name: root(b).name for b in alias}
+
+    def finish(self):
+        prog = self.prog
+        prog.dynamic = any(not isinstance(s.nbytes, int) for s in prog.arena_storages)
+        n_steps = len(self.graph.nodes)
+        # A graph that calls back into Python anyway (it has hooks) also calls back
+        # to drop each Python-owned array right after its last use, as the Python
+        # backend would; a graph without hooks keeps its inputs until it returns.
+        if prog.sites:
+            dying: dict = {}
+            for s in prog.ext_storages + [st for _, st in prog.inputs]:
+                dying.setdefault(s.last, []).append(s)
+            for step in sorted(dying):
+                site = Site(len(prog.sites), None, [], [])
+                site.kind, site.step, site.release = "release", step + 0.5, dying[step]
+                prog.sites.append(site)
+                self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"))
+        renames = self._reuse_dying_inputs()
+        if not prog.dynamic:
+            prog.plan = arena_plan.plan([(s.nbytes, s.first, s.last)
+                                         for s in prog.arena_storages])
+            offsets = [str(o) for o in prog.plan.offsets]
+        else:
+            offsets = [f"offsets[{i}]" for i in range(len(prog.arena_storages))]
+        decls = []
+        for i, s in enumerate(prog.arena_storages):
+            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)(arena + {offsets[i]});")
+        for s in prog.out_storages:
+            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)out[{s.index}];")
+        for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
+            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)in[{j}];")
+        for s in prog.ext_storages:
+            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL;")
+        blocks, current = [], None
+        current_source = ""
+        for step, source, text in sorted(self.stmts, key=lambda t: t[0]):
+            source = source if step == int(step) else current_source
+            current_source = source
+            if current is None or current["source"] != source:
+                current = {"source": source, "stmts": []}
+                blocks.append(current)
+            current["stmts"].append(text)
+        if renames:
+            pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+            for block in blocks:
+                block["stmts"] = [pattern.sub(lambda m: renames[m.group(1)], t)
+                                  for t in block["stmts"]]
+        used = "\n".join(t for b in blocks for t in b["stmts"])
+        decls = [d for d in decls if re.search(rf"\b{d.split('*')[1].split()[0]}\b", used)]
+        prog.source = _ENV.get_template("backward.c.j2").render(
+            decls=decls, blocks=blocks, n_nodes=n_steps,
+            uses={w: bool(re.search(rf"\b{w}\b", used))
+                  for w in ("sizes", "scalars", "cb", "in", "out", "arena", "offsets")})
+        return prog
+
+
+def generate(graph) -> CProgram:
+    e = Emitter(graph)
+    e.site_of = {}
+    return e.run()

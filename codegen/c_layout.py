@@ -1,0 +1,180 @@
+"""Values of a compiled C backward: where each lives, and size arithmetic.
+
+A graph value in C is a ``Val``: a dtype, a shape, element strides and an offset
+into a ``Storage`` -- an arena buffer, an output array, an input array, or an
+external array that a Python callback returned (an unpacked saved value, a hook's
+result). View prims (reshape, permute, expand, slice, as_strided) only make a new
+``Val`` over the same storage: a transpose costs nothing and folds into the BLAS
+call that reads it.
+
+Sizes are ints, or expressions over the graph's symbolic ``sizes`` (the tuples of
+``compiled_autograd.symbolic``) when the graph is dynamic.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd.symbolic import evaluate, expr_of
+
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+          np.dtype(np.int64): "int64_t", np.dtype(np.int32): "int32_t",
+          np.dtype(np.bool_): "uint8_t"}
+
+
+def ctype(dtype) -> str:
+    try:
+        return CTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise NotImplementedError(f"C backend: no C type for dtype {np.dtype(dtype)}") from None
+
+
+# ---------------------------------------------------------------- size expressions
+
+def dim(d):
+    """A size from a graph's meta or params: an int, or an expression tuple."""
+    e = expr_of(d)
+    return int(e) if isinstance(e, (int, float)) else e
+
+
+def mul(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 0 or b == 0:
+        return 0
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    return ("*", a, b)
+
+
+def add(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if a == 0:
+        return b
+    if b == 0:
+        return a
+    return ("+", a, b)
+
+
+def prod(dims):
+    out = 1
+    for d in dims:
+        out = mul(out, d)
+    return out
+
+
+def c_expr(e) -> str:
+    """C for a size expression: literals, ``sizes[i]`` and integer arithmetic."""
+    if isinstance(e, bool):
+        raise TypeError(f"not a size: {e!r}")
+    if isinstance(e, int):
+        return str(e)
+    if e[0] == "s":
+        return f"sizes[{int(e[1])}]"
+    if e[0] == "c":
+        return f"scalars[{int(e[1])}]"
+    op, a, b = e
+    if op not in ("+", "-", "*", "//"):
+        raise ValueError(f"C backend: size operator {op!r}")
+    return f"({c_expr(a)} {'/' if op == '//' else op} {c_expr(b)})"
+
+
+def value_of(e, sizes) -> int:
+    return e if isinstance(e, int) else int(evaluate(e, sizes))
+
+
+def contiguous_strides(shape):
+    strides, s = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = s
+        s = mul(s, shape[d])
+    return tuple(strides)
+
+
+# ---------------------------------------------------------------- storage and values
+
+class Storage:
+    """A block of memory the C code reads or writes.
+
+    kind: "arena" (planned intermediate), "out" (an array Python allocates and keeps:
+    gradients to accumulate, returned values), "in" (an input or constant array),
+    "ext" (an array a callback returned). ``first``/``last``: the steps that write it
+    and last read it."""
+
+    __slots__ = ("kind", "index", "dtype", "nbytes", "first", "last", "shape")
+
+    def __init__(self, kind, index, dtype, shape, first):
+        self.kind, self.index, self.dtype, self.shape = kind, index, np.dtype(dtype), shape
+        self.nbytes = mul(prod(shape), self.dtype.itemsize)
+        self.first = self.last = first
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.index}"
+
+    def read_at(self, step):
+        self.last = max(self.last, step)
+
+
+class Val:
+    """A strided window on a storage."""
+
+    __slots__ = ("storage", "dtype", "shape", "strides", "offset")
+
+    def __init__(self, storage, dtype, shape, strides=None, offset=0):
+        self.storage, self.dtype, self.shape = storage, np.dtype(dtype), tuple(shape)
+        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self.offset = offset
+
+    @property
+    def ctype(self) -> str:
+        return ctype(self.dtype)
+
+    @property
+    def ptr(self) -> str:
+        return self.storage.name
+
+    def is_contiguous(self) -> bool:
+        expect = contiguous_strides(self.shape)
+        return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, expect))
+
+    def with_layout(self, shape, strides, offset):
+        return Val(self.storage, self.dtype, shape, strides, offset)
+
+    def numpy(self, base: np.ndarray, sizes) -> np.ndarray:
+        """This window as a numpy view of ``base`` (the storage's array)."""
+        flat = base.reshape(-1).view(self.dtype) if base.dtype != self.dtype else base.reshape(-1)
+        shape = tuple(value_of(d, sizes) for d in self.shape)
+        strides = tuple(value_of(s, sizes) * self.dtype.itemsize for s in self.strides)
+        offset = value_of(self.offset, sizes)
+        return np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=strides)
+
+
+# ---------------------------------------------------------------- views
+
+def permuted(v: Val, perm) -> Val:
+    return v.with_layout([v.shape[p] for p in perm], [v.strides[p] for p in perm], v.offset)
+
+
+def expanded(v: Val, shape) -> Val:
+    lead = len(shape) - len(v.shape)
+    strides = [0] * lead + [0 if n == 1 and t != 1 else s
+                            for n, s, t in zip(v.shape, v.strides, shape[lead:])]
+    return v.with_layout(shape, strides, v.offset)
+
+
+def sliced(v: Val, dim_, start, step) -> Val:
+    strides = list(v.strides)
+    offset = add(v.offset, mul(start, strides[dim_]))
+    strides[dim_] = mul(strides[dim_], step)
+    return v.with_layout(v.shape, strides, offset)
+
+
+def reshaped(v: Val, shape):
+    """The view of ``v`` with ``shape`` when ``v`` is contiguous, else None (the
+    caller copies, as numpy does for most non-contiguous reshapes)."""
+    if v.is_contiguous():
+        return v.with_layout(shape, contiguous_strides(shape), v.offset)
+    return None

@@ -1,0 +1,326 @@
+"""C for one graph node of a non-view prim: the data for its template in
+``templates/c/``. ``emit(emitter, node)`` appends the statement and records the
+node's value. Elementwise prims share one loop template; their expression comes
+from the prim table."""
+from __future__ import annotations
+
+import numpy as np
+
+from codegen.c_layout import Val, c_expr, contiguous_strides, ctype, dim, mul, prod, sliced
+
+from codegen import c as _c
+
+
+def emit(e, node):
+    if _c.is_expression(node.target):
+        out = e.fresh(node)
+        leaves = []
+        text, _ = e.expression(node, out.shape, leaves)
+        e.emit(e.store_loop(out, text, leaves))
+        e.vals[node] = out
+        return
+    handler = _HANDLERS.get(node.target)
+    if handler is None:
+        raise NotImplementedError(f"C backend: no emitter for prim {node.target!r}")
+    handler(e, node)
+
+
+def _render(name, **data):
+    return _c._ENV.get_template(name).render(**data)
+
+
+def _shape(node):
+    return tuple(map(dim, node.meta["shape"]))
+
+
+def _fill(e, out: Val, value="0"):
+    e.emit(e.store_loop(out, f"(({out.ctype}){value})", []))
+
+
+def _error(e, message) -> int:
+    e.prog.errors.append(message)
+    return -len(e.prog.errors)
+
+
+# ---------------------------------------------------------------- reductions
+
+def _reduce(e, node):
+    x = node.args[0]
+    loop = _shape(x)
+    dims = tuple(node.kwargs["dims"])
+    out = e.fresh(node)
+    leaves = []
+    text = e.operand(x, loop, leaves, None)
+    kept = [d for d in range(len(loop)) if d not in dims]
+    kept_strides = contiguous_strides([loop[d] for d in kept])
+    out_strides = [0] * len(loop)
+    for d, s in zip(kept, kept_strides):
+        out_strides[d] = s
+    names = [f"i{d}" for d in range(len(loop))]
+    for j, (offset, strides, _) in enumerate(leaves):
+        text = text.replace(f"@{j}@", e.index(offset, strides, names))
+    floating = np.issubdtype(out.dtype, np.floating)
+    e.emit(_render("reduce.c.j2", op=node.target, out=out.ptr, T=out.ctype,
+                   acc="double" if floating and node.target == "sum" else
+                   ("int64_t" if node.target == "sum" else out.ctype),
+                   init="0" if node.target == "sum" else
+                   ("-INFINITY" if floating else "INT64_MIN"),
+                   outer=[(names[d], c_expr(loop[d])) for d in kept],
+                   inner=[(names[d], c_expr(loop[d])) for d in dims],
+                   out_index=e.index(out.offset, out_strides, names), value=text))
+    e.vals[node] = out
+
+
+def _argmax(e, node):
+    x = e.read(e.vals[node.args[0]])
+    d = node.kwargs["dim"]
+    loop = x.shape
+    dims = tuple(range(len(loop))) if d is None else (d,)
+    out = e.fresh(node)
+    kept = [k for k in range(len(loop)) if k not in dims]
+    kept_strides = contiguous_strides([loop[k] for k in kept])
+    out_strides = [0] * len(loop)
+    for k, s in zip(kept, kept_strides):
+        out_strides[k] = s
+    names = [f"i{k}" for k in range(len(loop))]
+    e.emit(_render("argmax.c.j2", out=out.ptr, T=x.ctype,
+                   outer=[(names[k], c_expr(loop[k])) for k in kept],
+                   inner=[(names[k], c_expr(loop[k])) for k in dims],
+                   out_index=e.index(out.offset, out_strides, names),
+                   x_index=e.index(x.offset, x.strides, names), x=x.ptr))
+    e.vals[node] = out
+
+
+# ---------------------------------------------------------------- BLAS
+
+def _blas_layout(v: Val, rows, cols):
+    """(transpose flag, leading dimension) to read ``v``'s last two dims as a
+    rows x cols matrix without copying, or None."""
+    sr, sc = v.strides[-2], v.strides[-1]
+    symbolic = not all(isinstance(x, int) for x in (sr, sc, rows, cols))
+    if (sc == 1 or cols == 1) and (rows == 1 or (sr != 0 and (symbolic or sr >= cols))):
+        return "CblasNoTrans", (sr if rows != 1 else cols)
+    if (sr == 1 or rows == 1) and (cols == 1 or (sc != 0 and (symbolic or sc >= rows))):
+        return "CblasTrans", (sc if cols != 1 else rows)
+    return None
+
+
+def _gemm_operand(e, v, rows, cols):
+    layout = _blas_layout(v, rows, cols)
+    if layout is None:
+        v = e.materialize(v)
+        layout = _blas_layout(v, rows, cols)
+    return v, layout
+
+
+def _gemm_prefix(dtype):
+    dt = np.dtype(dtype)
+    if dt == np.float32:
+        return "scipy_cblas_sgemm", "f"
+    if dt == np.float64:
+        return "scipy_cblas_dgemm", ""
+    raise NotImplementedError(f"C backend: matmul of {dt} arrays")
+
+
+def _matmul(e, node):
+    a, b = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+    out = e.fresh(node)
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    a, (ta, lda) = _gemm_operand(e, a, M, K)
+    b, (tb, ldb) = _gemm_operand(e, b, K, N)
+    batch = out.shape[:-2]
+
+    def batch_strides(v):
+        lead = len(batch) - (len(v.shape) - 2)
+        return [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape[:-2], v.strides[:-2])]
+
+    sa, sb, so = batch_strides(a), batch_strides(b), list(out.strides[:-2])
+    rows = M
+    # b shared by every batch and a plain row-major: one gemm over all rows
+    if batch and all(s == 0 for s in sb) and ta == "CblasNoTrans":
+        dims, vecs = e.loop_nest(list(batch) + [M], [sa + [lda], so + [N]])
+        if len(dims) <= 1:
+            rows, batch, sa, sb, so = (dims[0] if dims else 1), (), [], [], []
+            lda = vecs[0][0] if dims else lda
+    fn, suffix = _gemm_prefix(out.dtype)
+    names = [f"i{k}" for k in range(len(batch))]
+    e.emit(_render("matmul.c.j2", fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
+                   K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
+                   loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
+                   a=f"{a.ptr} + {e.index(a.offset, sa, names)}",
+                   b=f"{b.ptr} + {e.index(b.offset, sb, names)}",
+                   c=f"{out.ptr} + {e.index(out.offset, so, names)}",
+                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=out.ptr))
+    e.vals[node] = out
+
+
+def _linear(e, node):
+    x = e.contiguous(e.read(e.vals[node.args[0]]))
+    w = e.read(e.vals[node.args[1]])
+    bias = e.read(e.vals[node.args[2]]) if len(node.args) > 2 and node.args[2] is not None else None
+    out = e.fresh(node)
+    n_out, n_in = w.shape
+    rows = prod(x.shape[:-1])
+    w, (tw, ldw) = _gemm_operand(e, w, n_out, n_in)
+    tb = "CblasTrans" if tw == "CblasNoTrans" else "CblasNoTrans"
+    if bias is not None:
+        e.emit(e.copy_into(out, bias))
+    fn, suffix = _gemm_prefix(out.dtype)
+    e.emit(_render("matmul.c.j2", fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
+                   N=c_expr(n_out), K=c_expr(n_in), lda=c_expr(n_in), ldb=c_expr(ldw),
+                   ldc=c_expr(n_out), loops=[], a=f"{x.ptr} + {c_expr(x.offset)}",
+                   b=f"{w.ptr} + {c_expr(w.offset)}", c=out.ptr, beta=bias is not None,
+                   zero=c_expr(mul(prod(out.shape), out.dtype.itemsize)), out=out.ptr))
+    e.vals[node] = out
+
+
+# ---------------------------------------------------------------- fused normalisations
+
+def _softmax(e, node):
+    x = e.read(e.vals[node.args[0]])
+    d = node.kwargs["dim"]
+    out = e.fresh(node)
+    names = [f"i{k}" for k in range(len(x.shape))]
+    outer = [k for k in range(len(x.shape)) if k != d]
+    xs = [0 if k == d else s for k, s in enumerate(x.strides)]
+    os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
+    e.emit(_render("softmax.c.j2", log=node.target == "log_softmax", T=x.ctype,
+                   outer=[(names[k], c_expr(x.shape[k])) for k in outer],
+                   n=c_expr(x.shape[d]), x=x.ptr, out=out.ptr,
+                   x_base=e.index(x.offset, xs, names), x_step=c_expr(x.strides[d]),
+                   out_base=e.index(out.offset, os_, names), out_step=c_expr(out.strides[d])))
+    e.vals[node] = out
+
+
+def _layer_norm(e, node):
+    x = e.contiguous(e.read(e.vals[node.args[0]]))
+    k = node.kwargs["ndim"]
+    out = e.fresh(node)
+    e.emit(_render("layer_norm.c.j2", T=x.ctype, x=f"{x.ptr} + {c_expr(x.offset)}",
+                   out=out.ptr, rows=c_expr(prod(x.shape[:len(x.shape) - k])),
+                   n=c_expr(prod(x.shape[len(x.shape) - k:])),
+                   eps=repr(float(node.kwargs["eps"]))))
+    e.vals[node] = out
+
+
+# ---------------------------------------------------------------- copies and scatters
+
+def _cat(e, node):
+    out = e.fresh(node)
+    d = node.kwargs["dim"]
+    start, parts = 0, []
+    for a in node.args:
+        v = e.vals[a]
+        dst = sliced(out, d, start, 1)
+        parts.append(e.copy_into(dst.with_layout(v.shape, dst.strides, dst.offset), v))
+        start = _c.add(start, v.shape[d])
+    e.emit(_render("cat.c.j2", parts=parts))
+    e.vals[node] = out
+
+
+def _slice_backward(e, node):
+    g = e.vals[node.args[0]]
+    p = node.kwargs
+    out = e.fresh(node)
+    _fill(e, out)
+    dst = sliced(out, p["dim"], dim(p["start"]), dim(p["step"]))
+    e.emit(_render("slice_backward.c.j2",
+                   copy=e.copy_into(dst.with_layout(g.shape, dst.strides, dst.offset), g)))
+    e.vals[node] = out
+
+
+def _as_strided_scatter(e, node):
+    base, src = e.vals[node.args[0]], e.vals[node.args[1]]
+    p = node.kwargs
+    out = e.fresh(node)
+    dst = out.with_layout(tuple(map(dim, p["shape"])), tuple(map(dim, p["strides"])),
+                          dim(p["offset"]))
+    e.emit(_render("as_strided_scatter.c.j2", base=e.copy_into(out, base),
+                   src=e.copy_into(dst, src)))
+    e.vals[node] = out
+
+
+def _gather_like(e, node, scatter):
+    if scatter:
+        src, idx = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+    else:
+        x, idx = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+    d = node.kwargs["dim"]
+    out = e.fresh(node)
+    loop = idx.shape
+    names = [f"i{k}" for k in range(len(loop))]
+    table = out if scatter else x
+    other = src if scatter else out
+    base = [0 if k == d else s for k, s in enumerate(table.strides)]
+    n = table.shape[d]
+    code = _error(e, f"index out of bounds in {'scatter_add' if scatter else 'gather'} along "
+                     f"dim {d} (size {n})")
+    if scatter:
+        _fill(e, out)
+    e.emit(_render("gather.c.j2", scatter=scatter, T=out.ctype,
+                   loops=[(nm, c_expr(s)) for nm, s in zip(names, loop)],
+                   idx=f"{idx.ptr}[{e.index(idx.offset, idx.strides, names)}]",
+                   n=c_expr(n), code=code, table=table.ptr,
+                   table_index=e.index(table.offset, base, names), step=c_expr(table.strides[d]),
+                   other=f"{other.ptr}[{e.index(other.offset, other.strides, names)}]"))
+    e.vals[node] = out
+
+
+def _index_like(e, node, accumulate):
+    """index: y = x[indices]; index_accumulate: x = zeros, x[indices] += y."""
+    pattern = node.kwargs["pattern"]
+    if accumulate:
+        y = e.read(e.vals[node.args[0]])
+        x = out = e.fresh(node)
+        _fill(e, out)
+    else:
+        x = e.read(e.vals[node.args[0]])
+        y = out = e.fresh(node)
+    indices = [e.read(e.vals[a]) for a in node.args[1:]]
+    nb = max(len(i.shape) for i in indices)
+    bshape = y.shape  # filled below from the layout rule
+    D = [d for d, p in enumerate(pattern) if p is not None]
+    adjacent = D == list(range(D[0], D[-1] + 1))
+    b0 = D[0] if adjacent else 0
+    ynames = [f"i{k}" for k in range(len(y.shape))]
+    # which y dim walks each plain x dim
+    plain = [d for d in range(len(x.shape)) if d not in D]
+    if adjacent:
+        ydim = {d: (d if d < b0 else d - len(D) + nb) for d in plain}
+    else:
+        ydim = {d: nb + j for j, d in enumerate(plain)}
+    x_strides = [0] * len(y.shape)
+    for d in plain:
+        x_strides[ydim[d]] = x.strides[d]
+    reads, checks = [], []
+    for d in D:
+        v = indices[pattern[d]]
+        lead = nb - len(v.shape)
+        strides = [0] * len(y.shape)
+        for t, (size, s) in enumerate(zip(v.shape, v.strides)):
+            strides[b0 + lead + t] = 0 if size == 1 else s
+        reads.append((f"j{d}", f"{v.ptr}[{e.index(v.offset, strides, ynames)}]",
+                      c_expr(x.shape[d]), c_expr(x.strides[d])))
+    del bshape
+    code = _error(e, f"index out of bounds in {'index_put' if accumulate else 'index'} "
+                     f"(shape {tuple(x.shape)})")
+    e.emit(_render("index.c.j2", accumulate=accumulate, code=code,
+                   loops=[(nm, c_expr(s)) for nm, s in zip(ynames, y.shape)], reads=reads,
+                   x=x.ptr, x_index=e.index(x.offset, x_strides, ynames),
+                   y=f"{y.ptr}[{e.index(y.offset, y.strides, ynames)}]"))
+    del checks
+    e.vals[node] = out
+
+
+_HANDLERS = {
+    "sum": _reduce, "amax": _reduce, "argmax": _argmax, "matmul": _matmul, "linear": _linear,
+    "softmax": _softmax, "log_softmax": _softmax, "layer_norm": _layer_norm, "cat": _cat,
+    "slice_backward": _slice_backward, "as_strided_scatter": _as_strided_scatter,
+    "gather": lambda e, n: _gather_like(e, n, False),
+    "scatter_add": lambda e, n: _gather_like(e, n, True),
+    "index": lambda e, n: _index_like(e, n, False),
+    "index_accumulate": lambda e, n: _index_like(e, n, True),
+}
+
+__all__ = ["emit", "ctype"]

@@ -1,0 +1,251 @@
+"""Running a compiled C backward: the boxed inputs in, callbacks, gradients out.
+
+``CBackward(graph)`` generates the C (``codegen.c``), builds and loads it
+(``runtime.cbuild``) and is called like every backend:
+``fn(inputs, sizes, scalars, hooks, packed_data)``. A call takes the input arrays
+out of the boxed list (C-contiguous, checked against the traced shapes), allocates
+the arena and the output arrays, and calls ``ca_backward``. At each callback site
+Python first does the deferred work the order requires -- gradient accumulations
+that come before the site, and dropping the arrays whose last use has passed --
+then runs the hook and hands C a pointer to each array it returned.
+
+If the build fails, ``compile_graph`` raises the build error, or, with
+``CA_C_FALLBACK=python`` in the environment, warns and returns the Python backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+import warnings
+
+import numpy as np
+
+from codegen import arena as arena_plan
+from codegen.c import generate
+from codegen.c_layout import value_of
+from compiled_autograd.hook_calls import CALL_HOOK
+from compiled_autograd.node import accumulate_into
+from runtime import cbuild, memory
+
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_P = ctypes.c_void_p
+
+
+class _Frame:
+    __slots__ = ("py", "store", "arena", "outs", "sizes", "error", "flushed")
+
+
+class CBackward:
+    """The compiled function of backend "c"."""
+
+    def __init__(self, graph, build=True):
+        self.graph = graph
+        self.prog = generate(graph)
+        self.c_code = self.prog.source
+        self.build_seconds = 0.0
+        self.built_now = False
+        self.fn = None
+        if build:
+            self.build()
+
+    @property
+    def memory_plan(self):
+        return self.prog.plan
+
+    def build(self):
+        t0 = time.perf_counter()
+        path, self.built_now = cbuild.build(self.c_code)
+        lib = cbuild.load(path)
+        self.build_seconds = time.perf_counter() - t0
+        self.library = path
+        fn = lib.ca_backward
+        fn.argtypes = [_P, _P, _P, _P, _P, _P, CALLBACK]
+        fn.restype = ctypes.c_int
+        self.fn = fn
+        self._callback = CALLBACK(self._on_callback)
+        self._frames: list[_Frame] = []
+        prog = self.prog
+        self._consts = [np.ascontiguousarray(a) for _, a in prog.consts]
+        # An output array becomes .grad itself (no copy) when this accumulation is
+        # its only consumer: nothing reads it later and nothing else is handed it.
+        handed = {}
+        for step, _, v in prog.accumulations:
+            handed[v.storage] = handed.get(v.storage, 0) + 1
+        for out in prog.outputs:
+            if out is not None and out[0] == "val":
+                handed[out[1].storage] = handed.get(out[1].storage, 0) + 1
+        self._owned = [v.storage.kind == "out" and handed[v.storage] == 1
+                       and v.storage.last <= step and v.is_contiguous() and v.offset == 0
+                       and v.shape == v.storage.shape for step, _, v in prog.accumulations]
+        self._plans: dict = {}
+        self._input_nodes = {i: node for node, (box, i) in prog.pyrefs.items() if box == "inputs"}
+        needed = {a for site in prog.sites for kind, a in site.args if kind == "py"}
+        needed |= {variable for _, variable, _ in prog.accumulations}
+        needed |= {out[1] for out in prog.outputs if out is not None and out[0] == "py"}
+        self._array_only = [self._input_nodes[i] for i, _ in prog.inputs
+                            if self._input_nodes[i] not in needed]
+        return self
+
+    # ------------------------------------------------------------ values
+
+    def _base(self, frame, storage):
+        kind = storage.kind
+        if kind == "arena":
+            return frame.arena[self._offset(frame, storage):]
+        if kind == "out":
+            return frame.outs[storage.index]
+        return frame.store[storage]
+
+    def _offset(self, frame, storage):
+        plan = self._plan(frame.sizes)
+        return plan.offsets[self.prog.arena_index[storage]]
+
+    def _resolve(self, frame, v, copy):
+        arr = v.numpy(self._base(frame, v.storage), frame.sizes)
+        if copy and v.storage.kind == "arena":
+            arr = np.array(arr, order="C", copy=True)
+            memory.on_array(arr, "c_callback_arg", "temporary")
+        return arr
+
+    def _plan(self, sizes):
+        if self.prog.plan is not None:
+            return self.prog.plan
+        key = tuple(sizes)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = arena_plan.plan(
+                [(value_of(s.nbytes, sizes), s.first, s.last) for s in self.prog.arena_storages])
+        return plan
+
+    # ------------------------------------------------------------ deferred work
+
+    def _flush(self, frame, before_step):
+        accs = self.prog.accumulations
+        while frame.flushed < len(accs) and accs[frame.flushed][0] < before_step:
+            step, variable, v = accs[frame.flushed]
+            frame.flushed += 1
+            accumulate_into(frame.py[variable], self._resolve(frame, v, False),
+                            owned=self._owned[frame.flushed - 1])
+
+    def _on_callback(self, index, results):
+        frame = self._frames[-1]
+        try:
+            site = self.prog.sites[index]
+            self._flush(frame, site.step)
+            for s in site.release:
+                frame.store.pop(s, None)
+            if site.kind == "release":
+                return 0
+            args = []
+            for kind, a in site.args:
+                if kind == "py":
+                    args.append(frame.py[a])
+                elif kind == "val":
+                    args.append(self._resolve(frame, a, True))
+                else:
+                    args.append(a)
+            value = CALL_HOOK[site.kind](*args)
+            for j, (i, v) in enumerate(site.results):
+                arr = value if i is None else value[i]
+                arr = self._checked(arr, v, frame.sizes, f"{site.kind} '{site.node.name}'")
+                frame.store[v.storage] = arr
+                results[j] = arr.ctypes.data
+            return 0
+        except BaseException as e:  # re-raised by __call__ once C has returned
+            frame.error = e
+            return 1
+
+    @staticmethod
+    def _checked(arr, v, sizes, what):
+        if not isinstance(arr, np.ndarray):
+            raise RuntimeError(f"compiled C backward: {what} gave {type(arr).__name__}, "
+                               "expected an array")
+        shape = tuple(value_of(d, sizes) for d in v.shape)
+        if arr.shape != shape or arr.dtype != v.dtype:
+            raise RuntimeError(f"compiled C backward: {what} gave a {arr.dtype} tensor of shape "
+                               f"{list(arr.shape)}, but the backward was compiled for "
+                               f"{v.dtype} {list(shape)}")
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+            memory.on_array(arr, f"{what}:contiguous")
+        return arr
+
+    # ------------------------------------------------------------ the call
+
+    def __call__(self, inputs, sizes, scalars, hooks, packed_data):
+        prog = self.prog
+        boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
+                 "packed_data": packed_data}
+        frame = _Frame()
+        frame.sizes, frame.error, frame.flushed = list(sizes), None, 0
+        frame.py = {}
+        for node, (box, i) in prog.pyrefs.items():
+            container = boxes[box]
+            frame.py[node] = container[i]
+            if isinstance(container, list) and box != "sizes" and box != "scalars":
+                container[i] = None
+        frame.store = {}
+        ptrs = []
+        for i, storage in prog.inputs:
+            arr = frame.py[self._input_nodes[i]]
+            arr = self._checked(getattr(arr, "_data", arr), storage_val(storage), frame.sizes, f"input {i}")
+            frame.store[storage] = arr
+            ptrs.append(arr.ctypes.data)
+        for node in self._array_only:
+            del frame.py[node]     # the array in frame.store is all the call keeps
+        ptrs += [a.ctypes.data for a in self._consts]
+        plan = self._plan(frame.sizes)
+        frame.arena = np.empty(max(plan.size, 1), np.uint8)
+        frame.outs = [np.empty(tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
+                      for s in prog.out_storages]
+        if memory.active():
+            memory.on_array(frame.arena, "c_arena", "temporary")
+            for a in frame.outs:
+                memory.on_array(a, "c_output", "gradient")
+        in_ptrs = (_P * max(len(ptrs), 1))(*ptrs)
+        out_ptrs = (_P * max(len(frame.outs), 1))(*[a.ctypes.data for a in frame.outs])
+        size_arr = np.asarray(frame.sizes, np.int64) if frame.sizes else None
+        scalar_arr = np.asarray([float(s) for s in scalars], np.float64) if scalars else None
+        offsets = (np.asarray(plan.offsets, np.int64) if prog.dynamic and plan.offsets
+                   else None)
+        self._frames.append(frame)
+        try:
+            rc = self.fn(in_ptrs, out_ptrs, frame.arena.ctypes.data,
+                         None if size_arr is None else size_arr.ctypes.data,
+                         None if scalar_arr is None else scalar_arr.ctypes.data,
+                         None if offsets is None else offsets.ctypes.data, self._callback)
+        finally:
+            self._frames.pop()
+        if rc != 0:
+            if frame.error is not None:
+                raise frame.error
+            raise RuntimeError(f"compiled C backward: {prog.errors[-rc - 1]}")
+        self._flush(frame, len(self.graph.nodes) + 1)
+        results = []
+        for out in prog.outputs:
+            if out is None:
+                results.append(None)
+            elif out[0] == "py":
+                results.append(frame.py[out[1]])
+            else:
+                results.append(self._resolve(frame, out[1], False))
+        return tuple(results)
+
+
+def storage_val(storage):
+    from codegen.c_layout import Val
+    return Val(storage, storage.dtype, storage.shape)
+
+
+def compile_graph(graph, build=True):
+    """The backend entry point registered as "c"."""
+    try:
+        return CBackward(graph, build=build)
+    except cbuild.CBuildError as e:
+        if os.environ.get("CA_C_FALLBACK", "") != "python":
+            raise
+        warnings.warn(f"C backend unavailable, falling back to the Python backend: {e}",
+                      RuntimeWarning, stacklevel=2)
+        from codegen.python import compile_graph as python_backend
+        return python_backend(graph)
