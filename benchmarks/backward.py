@@ -1,11 +1,14 @@
 """Backward time, side by side: ca's eager engine, compiled autograd with the "eager"
-(interpreter) and "python" (generated code) backends, and torch's eager autograd,
+(interpreter), "python" (generated code) and "c" (generated C) backends, and torch's
+eager autograd,
 on the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16 elements), the
 large MLP (8 x 1024, batch 256) and the transformer (4 layers, d_model 128);
 medians, at 1 thread and at the default thread count (each in a fresh process,
 since BLAS threads are fixed at start-up). Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
-capture+codegen and the cache hit alone are reported too.
+capture+codegen and the cache hit alone are reported too, and the C build time of the
+transformer's backward: cold (a fresh cache directory) and cached (a second process
+that finds the library).
 
     python benchmarks/backward.py [--reps N] [--quick]
 """
@@ -129,7 +132,7 @@ def measure(reps):
         n = max(3, reps // 10) if case in ("large_mlp", "transformer") else reps
         make_loss, params = _ca_setup(case)
         row = {"eager": _median_backward(make_loss, params, n, lambda l: l.backward())}
-        for backend in ("eager", "python"):
+        for backend in ("eager", "python", "c"):
             ca.reset_compiled_autograd()
 
             def run(loss, backend=backend):
@@ -171,7 +174,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--worker", choices=["1", "default"], help=argparse.SUPPRESS)
+    parser.add_argument("--build-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.build_worker:
+        _build_worker()
+        return
     if args.worker:
         print(json.dumps(measure(args.reps)))
         return
@@ -188,16 +195,17 @@ def main():
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}; medians of {args.reps} (large MLP and transformer: "
           f"{max(3, args.reps // 10)})")
-    modes = ["eager", "graph:eager", "graph:python", "torch"]
+    modes = ["eager", "graph:eager", "graph:python", "graph:c", "torch"]
     for threads, res in results.items():
         print(f"\nthreads: {threads}")
         print(f"{'case':<12}" + "".join(f"{m:>14}" for m in modes) +
-              f"{'python/eager':>14}{'python/torch':>14}")
+              f"{'python/eager':>14}{'python/torch':>14}{'c/torch':>10}")
         for case, row in res.items():
             cells = "".join(f"{_fmt(row.get(m)):>14}" for m in modes)
             ratio = row["graph:python"] / row["eager"]
-            vs_torch = (f"{row['graph:python'] / row['torch']:>14.2f}" if "torch" in row
-                        else f"{'-':>14}")
+            vs_torch = (f"{row['graph:python'] / row['torch']:>14.2f}"
+                        f"{row['graph:c'] / row['torch']:>10.2f}" if "torch" in row
+                        else f"{'-':>14}{'-':>10}")
             print(f"{case:<12}{cells}{ratio:>14.2f}{vs_torch}")
         print(f"{'case':<12}{'capture+codegen':>18}{'first backward':>16}"
               f"{'cache hit alone':>17}{'hit/eager':>11}")
@@ -206,6 +214,37 @@ def main():
                   f"{_fmt(row['first (capture+codegen+run)']):>16}"
                   f"{_fmt(row['cache hit alone']):>17}"
                   f"{row['cache hit alone'] / row['eager']:>11.3f}")
+    cold, cached = _build_times()
+    print(f"\nC backend, transformer backward: generate {_fmt(cold['generate'])}, "
+          f"build {_fmt(cold['build'])} (cold, compiled={cold['compiled']}), "
+          f"second process {_fmt(cached['build'])} (compiled={cached['compiled']}); "
+          f"{cold['arena']}")
+
+
+def _build_times():
+    """C build of the transformer's backward: cold, then cached in a new process."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, CA_CACHE_DIR=cache)
+        rows = []
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, __file__, "--build-worker"], env=env,
+                                  capture_output=True, text=True, check=True)
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        return rows
+
+
+def _build_worker():
+    import compiled_autograd as ca
+    from codegen.c_run import CBackward
+    from compiled_autograd.examples import build
+    graph = ca.trace_backward(build("transformer").loss()).graph
+    start = time.perf_counter()
+    fn = CBackward(graph, build=False)
+    generated = time.perf_counter() - start
+    fn.build()
+    print(json.dumps({"generate": generated, "build": fn.build_seconds,
+                      "compiled": fn.built_now, "arena": fn.memory_plan.summary()}))
 
 
 def _fmt(seconds):

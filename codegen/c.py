@@ -409,8 +409,13 @@ class Emitter:
         in that loop, when it reads every element of that input exactly where it
         writes the same element of the result (out[i] = f(a[i], ...)). The two
         buffers become one, which lowers the arena (the planner never has to hold
-        both)."""
+        both). Only when that loop is the node's only statement: a node that first
+        fills its result (slice_backward's zeros, as_strided_scatter's base copy)
+        would otherwise overwrite the input before the loop reads it."""
         alias: dict = {}
+        per_step: dict = {}
+        for s, _, _ in self.stmts:
+            per_step[s] = per_step.get(s, 0) + 1
 
         def root(st):
             while st in alias:
@@ -419,7 +424,7 @@ class Emitter:
 
         for step, out, leaves in self.inplace:
             b = out.storage
-            if b.kind != "arena" or b.first != step or b in alias:
+            if b.kind != "arena" or b.first != step or b in alias or per_step.get(step) != 1:
                 continue
             for offset, strides, a in leaves:
                 a = root(a)
@@ -457,7 +462,8 @@ class Emitter:
                 site = Site(len(prog.sites), None, [], [])
                 site.kind, site.step, site.release = "release", step + 0.5, dying[step]
                 prog.sites.append(site)
-                self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"))
+                self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
+                                   f"  /* release: {len(dying[step])} array(s) past last use */"))
         renames = self._reuse_dying_inputs()
         if not prog.dynamic:
             prog.plan = arena_plan.plan([(s.nbytes, s.first, s.last)
@@ -473,7 +479,9 @@ class Emitter:
         for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
             decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)in[{j}];")
         for s in prog.ext_storages:
-            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL;")
+            # (void): a result only Python reads (a gradient to accumulate, a hook's
+            # argument) is set here but never read in C (-Wunused-but-set-variable)
+            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL; (void){s.name};")
         blocks, current = [], None
         current_source = ""
         for step, source, text in sorted(self.stmts, key=lambda t: t[0]):

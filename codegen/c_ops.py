@@ -60,14 +60,23 @@ def _reduce(e, node):
     for j, (offset, strides, _) in enumerate(leaves):
         text = text.replace(f"@{j}@", e.index(offset, strides, names))
     floating = np.issubdtype(out.dtype, np.floating)
-    e.emit(_render("reduce.c.j2", op=node.target, out=out.ptr, T=out.ctype,
-                   acc="double" if floating and node.target == "sum" else
-                   ("int64_t" if node.target == "sum" else out.ctype),
-                   init="0" if node.target == "sum" else
-                   ("-INFINITY" if floating else "INT64_MIN"),
-                   outer=[(names[d], c_expr(loop[d])) for d in kept],
-                   inner=[(names[d], c_expr(loop[d])) for d in dims],
-                   out_index=e.index(out.offset, out_strides, names), value=text))
+    acc = ("double" if floating else "int64_t") if node.target == "sum" else out.ctype
+    init = "0" if node.target == "sum" else ("-INFINITY" if floating else "INT64_MIN")
+    data = dict(op=node.target, out=out.ptr, T=out.ctype, acc=acc, init=init, value=text)
+    if loop and (len(loop) - 1) not in dims and dims:
+        # The last dim is kept: walk the input in memory order and accumulate
+        # into one row of accumulators (a scratch buffer), not down strided columns.
+        n_out = prod([loop[d] for d in kept])
+        scratch = e.new_storage("arena", np.dtype(acc if acc != "int64_t" else np.int64)
+                                if acc in ("double", "int64_t") else out.dtype, (n_out,))
+        e.emit(_render("reduce_rows.c.j2", scratch=scratch.name, n_out=c_expr(n_out),
+                       loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
+                       acc_index=e.index(0, out_strides, names),
+                       out_index=c_expr(out.offset), **data))
+    else:
+        e.emit(_render("reduce.c.j2", outer=[(names[d], c_expr(loop[d])) for d in kept],
+                       inner=[(names[d], c_expr(loop[d])) for d in dims],
+                       out_index=e.index(out.offset, out_strides, names), **data))
     e.vals[node] = out
 
 

@@ -79,7 +79,14 @@ class CBackward:
                        and v.storage.last <= step and v.is_contiguous() and v.offset == 0
                        and v.shape == v.storage.shape for step, _, v in prog.accumulations]
         self._plans: dict = {}
+        self._spare_arena = None
         self._input_nodes = {i: node for node, (box, i) in prog.pyrefs.items() if box == "inputs"}
+        self._input_specs = []
+        for i, storage in prog.inputs:
+            static = all(isinstance(d, int) for d in storage.shape)
+            self._input_specs.append((i, self._input_nodes[i], storage,
+                                      tuple(storage.shape) if static else None, storage.dtype,
+                                      storage_val(storage)))
         needed = {a for site in prog.sites for kind, a in site.args if kind == "py"}
         needed |= {variable for _, variable, _ in prog.accumulations}
         needed |= {out[1] for out in prog.outputs if out is not None and out[0] == "py"}
@@ -102,7 +109,11 @@ class CBackward:
         return plan.offsets[self.prog.arena_index[storage]]
 
     def _resolve(self, frame, v, copy):
-        arr = v.numpy(self._base(frame, v.storage), frame.sizes)
+        storage = v.storage
+        if storage.kind != "arena" and v.offset == 0 and v.shape == storage.shape and \
+                v.is_contiguous():   # the whole array: no view to build
+            return frame.outs[storage.index] if storage.kind == "out" else frame.store[storage]
+        arr = v.numpy(self._base(frame, storage), frame.sizes)
         if copy and v.storage.kind == "arena":
             arr = np.array(arr, order="C", copy=True)
             memory.on_array(arr, "c_callback_arg", "temporary")
@@ -173,6 +184,16 @@ class CBackward:
 
     # ------------------------------------------------------------ the call
 
+    def _take_arena(self, nbytes):
+        """The arena for a call. The previous call's arena is kept and reused (as a
+        caching allocator would): a fresh multi-megabyte buffer costs a page fault
+        per 4 KiB the first time it is written, which is time the gemms would
+        otherwise spend computing. A nested call gets a buffer of its own."""
+        arena, self._spare_arena = self._spare_arena, None
+        if arena is None or arena.nbytes < nbytes:
+            arena = np.empty(max(nbytes, 1), np.uint8)
+        return arena
+
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         prog = self.prog
         boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
@@ -187,16 +208,20 @@ class CBackward:
                 container[i] = None
         frame.store = {}
         ptrs = []
-        for i, storage in prog.inputs:
-            arr = frame.py[self._input_nodes[i]]
-            arr = self._checked(getattr(arr, "_data", arr), storage_val(storage), frame.sizes, f"input {i}")
-            frame.store[storage] = arr
+        store = frame.store
+        for i, node, storage, shape, dtype, val in self._input_specs:
+            arr = frame.py[node]
+            arr = getattr(arr, "_data", arr)
+            if not (type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous
+                    and shape is not None and arr.shape == shape):
+                arr = self._checked(arr, val, frame.sizes, f"input {i}")
+            store[storage] = arr
             ptrs.append(arr.ctypes.data)
         for node in self._array_only:
             del frame.py[node]     # the array in frame.store is all the call keeps
         ptrs += [a.ctypes.data for a in self._consts]
         plan = self._plan(frame.sizes)
-        frame.arena = np.empty(max(plan.size, 1), np.uint8)
+        frame.arena = self._take_arena(plan.size)
         frame.outs = [np.empty(tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
                       for s in prog.out_storages]
         if memory.active():
@@ -217,6 +242,8 @@ class CBackward:
                          None if offsets is None else offsets.ctypes.data, self._callback)
         finally:
             self._frames.pop()
+            self._spare_arena = frame.arena   # reused next call: no fresh page faults
+            frame.arena = None
         if rc != 0:
             if frame.error is not None:
                 raise frame.error

@@ -105,7 +105,16 @@ class CompiledBackward:
         """The planned schedule: live bytes after every node, the peak, what is
         live at the peak, each unpacked value's unpack and free step."""
         from compiled_autograd.schedule import memory_schedule
-        return memory_schedule(self.graph, self.packed_kinds or ())
+        schedule = memory_schedule(self.graph, self.packed_kinds or ())
+        schedule.arena = getattr(self.fn, "memory_plan", None)
+        return schedule
+
+    def c_memory_plan(self):
+        """The C backend's static arena plan for this graph (no compiler needed):
+        ``.size`` (arena bytes), ``.lower_bound`` (most bytes live at one step),
+        ``.total`` (all buffers without reuse), ``.offsets``, ``.summary()``."""
+        plan = getattr(self.fn, "memory_plan", None)
+        return plan if plan is not None else resolve_backend("c")(self.graph, build=False).memory_plan
 
     def print_tabular(self):
         """Print opcode | name | target | args | shape | bytes, one row per node."""

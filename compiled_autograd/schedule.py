@@ -48,10 +48,12 @@ class MemorySchedule:
     peak_node: str | None
     live_at_peak: list
     unpacks: dict = field(default_factory=dict)  # value -> (unpack step, free step)
+    arena: object = None   # backend "c": its static arena plan (size, lower bound, total)
 
     def __repr__(self):
+        arena = f", arena={self.arena.size:,}" if self.arena is not None else ""
         return (f"MemorySchedule(peak_bytes={self.peak_bytes:,}, peak_node={self.peak_node!r}, "
-                f"steps={len(self.steps)}, unpacks={len(self.unpacks)})")
+                f"steps={len(self.steps)}, unpacks={len(self.unpacks)}{arena})")
 
     def table(self, limit=None) -> str:
         """A text table: step | node | target | allocated | live | event."""

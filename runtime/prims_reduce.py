@@ -174,7 +174,7 @@ def _linear_meta(x, w, b=None):
 
 
 @prim("linear", meta=_linear_meta, save=((0, 1), (1, 0)),
-      c_template="linear.c.j2")
+      c_template="matmul.c.j2")
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
     gradient comes out in w's own layout (no transposed copy)."""

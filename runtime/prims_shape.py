@@ -183,7 +183,7 @@ def _(ctx, g):
 
 @prim("scatter_add", save=(1,),
       meta=lambda src, idx, dim, shape: (tuple(shape), src.dtype),
-      c_template="scatter_add.c.j2")
+      c_template="gather.c.j2")
 def scatter_add(src, idx, dim, shape):
     """Zeros of ``shape`` with ``src`` added at ``idx`` along ``dim`` (duplicates add)."""
     out = np.zeros(shape, dtype=src.dtype)

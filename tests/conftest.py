@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 # The helpers and op table are plain modules next to the tests.
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -8,3 +10,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/* from the current output (review the diff)")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_c_cache(tmp_path_factory):
+    """Libraries the C backend builds go to a session temporary directory, not to
+    ~/.cache, unless CA_CACHE_DIR already names one."""
+    if os.environ.get("CA_CACHE_DIR"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CA_CACHE_DIR", str(tmp_path_factory.mktemp("ca_cache")))
+        yield

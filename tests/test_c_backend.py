@@ -1,0 +1,430 @@
+"""Backend "c" itself: its templates, warnings, memory safety (AddressSanitizer),
+build cache, build errors, hook callbacks and arena plan. The scenarios that every
+backend runs live in test_compiled.py; this file does not repeat them."""
+import os
+import random
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from codegen import arena
+from codegen.c import generate
+from codegen.c_run import CBackward
+from compiled_autograd.examples import build
+from compiled_autograd.interpreter import Interpreter
+from op_cases import CASES, make_inputs
+from runtime import cbuild
+from runtime.prims import PRIMS
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = ROOT / "codegen" / "templates" / "c"
+MLP = dict(layers=2, width=8, batch=4)
+TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)
+needs_cc = pytest.mark.skipif(shutil.which(cbuild.compiler().split()[0]) is None,
+                              reason="no C compiler")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    ca.reset_compiled_autograd()
+    yield
+    ca.reset_compiled_autograd()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh, empty build cache for this test."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CA_CACHE_DIR", str(path))
+    monkeypatch.delenv("CA_C_FALLBACK", raising=False)
+    monkeypatch.delenv("CA_C_EXTRA_FLAGS", raising=False)
+    return path
+
+
+def _fake_cc(tmp_path, body):
+    script = tmp_path / "fake-cc"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def _case_graph(fn, specs):
+    arrays, grads = make_inputs(specs, seed=5)
+    out = fn(ca, *[ca.tensor(a, requires_grad=True) if g else ca.from_numpy(a)
+                   for a, g in zip(arrays, grads)])
+    return ca.trace_backward(out, grad_outputs=ca.tensor(np.ones(out.shape)))
+
+
+def _hooked_loss():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = ca.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: t * 1.0, lambda t: t):
+        x = a * b
+    x.register_hook(lambda g: g * 2)
+    a.register_post_accumulate_grad_hook(lambda t: None)
+    x.grad_fn.register_prehook(lambda gs: (gs[0] + 1,))
+    x.grad_fn.register_hook(lambda gi, go: None)
+    return (x.exp() * x).sum()
+
+
+def _dynamic_graph():
+    graphs, w = [], ca.randn(5, 3, requires_grad=True)
+    with ca.compiled_backward(backend=lambda g: graphs.append(g) or Interpreter(g),
+                              dynamic=True):
+        (ca.randn(4, 5) @ w).tanh().sum(0).sum().backward()
+    return graphs[0]
+
+
+# ---------------------------------------------------------------- 1. templates
+
+def test_every_prim_in_a_backward_has_a_c_template():
+    graphs = [_case_graph(fn, specs) for _, fn, specs in CASES]
+    for name, sizes in (("mlp", MLP), ("transformer", TRANSFORMER)):
+        for checkpoint in ("none", "layer", "selective"):
+            for offload in (False, True):
+                ex = build(name, checkpoint=checkpoint, offload=offload, **sizes)
+                graphs.append(ca.trace_backward(ex.loss()))
+    used = {n.target for g in graphs for n in g.graph.nodes
+            if n.op == "call_function" and n.target in PRIMS}
+    assert {"matmul", "scatter_add", "index_accumulate", "sum"} <= used
+    # every prim used above, and every prim at all, names an expression or a file
+    missing = {name: p.c_template for name, p in PRIMS.items()
+               if not p.c_template or (p.c_template.endswith(".j2")
+                                       and not (TEMPLATES / p.c_template).is_file())}
+    assert not (used & set(missing)), f"prims in backwards without a C template: {missing}"
+    assert not missing, f"prims whose C template is missing: {missing}"
+
+
+# ---------------------------------------------------------------- 2. warnings
+
+@needs_cc
+def test_generated_c_compiles_without_warnings(tmp_path, monkeypatch):
+    monkeypatch.delenv("CA_C_EXTRA_FLAGS", raising=False)
+    a = ca.tensor(np.linspace(-1, 1, 6), dtype=np.float64, requires_grad=True)
+    dyn = _dynamic_graph()
+    sources = {
+        "mlp": ca.trace_backward(build("mlp", **MLP).loss()).c_code,
+        "transformer_ckpt": ca.trace_backward(
+            build("transformer", checkpoint="layer", **TRANSFORMER).loss()).c_code,
+        "hooks": ca.trace_backward(_hooked_loss()).c_code,
+        "float64": ca.trace_backward((a.tanh() * a.reshape(2, 3).t().sum(1).sum()).sum()).c_code,
+        "dynamic": generate(dyn).source,
+    }
+    assert "double" in sources["float64"] and "cb(" in sources["hooks"]
+    assert "sizes[" in sources["dynamic"]
+    procs = {}
+    for name, src in sources.items():
+        c = tmp_path / f"{name}.c"
+        c.write_text(src)
+        cmd = cbuild.command(str(c), str(tmp_path / f"{name}.so"), ["-Werror"])
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+    for name, p in procs.items():
+        _, err = p.communicate()
+        assert p.returncode == 0 and err == "", f"{name}: {err}"
+
+
+# ---------------------------------------------------------------- 3. AddressSanitizer
+
+ASAN_SCRIPT = textwrap.dedent("""
+    import contextlib, os
+    from pathlib import Path
+    import numpy as np
+    import compiled_autograd as ca
+    from compiled_autograd.examples import build
+
+    def grads(name, sizes, compiled):
+        ex = build(name, **sizes)
+        with ca.compiled_backward(backend="c") if compiled else contextlib.nullcontext():
+            ex.loss().backward()
+        return [p.grad.numpy() for p in ex.parameters()]
+
+    for name, sizes in [("transformer", dict(checkpoint="layer", **%r)), ("mlp", %r)]:
+        for e, c in zip(grads(name, sizes, False), grads(name, sizes, True)):
+            np.testing.assert_allclose(c, e, rtol=1e-4, atol=1e-5, err_msg=name)
+    libs = list(Path(os.environ["CA_CACHE_DIR"]).glob("*.so"))
+    assert len(libs) == 2, libs
+    assert all(b"__asan_" in p.read_bytes() for p in libs), "not built with ASan"
+    print("ASAN-OK")
+""" % (TRANSFORMER, MLP))
+
+
+def _libasan():
+    out = shutil.which("gcc") and subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return out if out and os.path.isabs(out) and os.path.exists(out) else None
+
+
+def test_address_sanitizer_finds_no_errors(tmp_path):
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("libasan not found (gcc -print-file-name=libasan.so)")
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               CA_CACHE_DIR=str(tmp_path / "cache"), CC="gcc",
+               CA_C_EXTRA_FLAGS="-fsanitize=address -fno-omit-frame-pointer",
+               PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    env.pop("CA_C_FALLBACK", None)
+    done = subprocess.run([sys.executable, "-c", ASAN_SCRIPT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert "ERROR: AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0 and "ASAN-OK" in done.stdout, done.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- 4. build cache
+
+@needs_cc
+def test_second_cbackward_loads_the_cached_library(cache):
+    graph = ca.trace_backward(build("mlp", **MLP).loss()).graph
+    first = CBackward(graph)
+    second = CBackward(graph)
+    assert first.built_now and not second.built_now
+    assert second.library == first.library and first.library.parent == cache
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE(first.library.stat().st_mode) == 0o600
+    assert [p.name for p in cache.iterdir()] == [first.library.name]
+
+
+def test_extra_flags_are_part_of_the_library_name(cache, monkeypatch):
+    plain = cbuild.library_path("int f(void) { return 1; }")
+    monkeypatch.setenv("CA_C_EXTRA_FLAGS", "-DCA_X=1 -g")
+    assert {"-DCA_X=1", "-g"} <= set(cbuild.command("a.c", "a.so"))
+    assert cbuild.library_path("int f(void) { return 1; }") != plain
+
+
+@needs_cc
+def test_two_processes_building_the_same_source_at_once(cache, tmp_path):
+    # A compiler that takes a while: both processes find no library and compile.
+    slow = _fake_cc(tmp_path, f'sleep 0.5\nexec {shlex.join(shlex.split(cbuild.compiler()))} "$@"')
+    go = tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import os, time
+        from runtime import cbuild
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.005)
+        path, built = cbuild.build("int ca_answer(void) {{ return 42; }}\\n")
+        assert cbuild.load(path).ca_answer() == 42
+        print(built)
+    """)
+    env = dict(os.environ, CA_CACHE_DIR=str(cache), CC=slow, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    go.touch()
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    assert [(rc, out.strip()) for out, _, rc in results] == [(0, "True")] * 2, results
+    files = sorted(p.name for p in cache.iterdir())
+    assert len(files) == 1 and files[0].endswith(".so"), files
+
+
+# ---------------------------------------------------------------- 5. build errors
+
+def _tiny():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = ca.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    return a, b, (a.exp() * b).sum()
+
+
+def test_missing_compiler_names_the_command(cache, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(cbuild.CBuildError, match="/nonexistent/cc") as info:
+        cbuild.build("int f(void) { return 0; }")
+    assert "-shared" in str(info.value)      # the whole command, not just the name
+    assert list(cache.iterdir()) == []
+
+
+def test_failing_compiler_quotes_stderr_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", _fake_cc(tmp_path, 'echo "fake-cc: broken toolchain 17" >&2\n'
+                                                'exit 3'))
+    with pytest.raises(cbuild.CBuildError, match="broken toolchain 17") as info:
+        cbuild.build("int f(void) { return 0; }")
+    assert "exit code 3" in str(info.value) and "fake-cc" in str(info.value)
+    assert list(cache.iterdir()) == []
+    # Through the backend: the backward fails before it runs, and changes nothing.
+    a, b, loss = _tiny()
+    with pytest.raises(cbuild.CBuildError):
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+    assert a.grad is None and b.grad is None
+    assert list(cache.iterdir()) == []
+    # Once the toolchain works, the same graph (not freed) runs.
+    monkeypatch.delenv("CC")
+    if shutil.which("cc") is not None:
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+        np.testing.assert_allclose(a.grad.numpy(), np.exp([1.0, 2.0, 3.0]) * [0.5, -1, 2],
+                                   rtol=1e-6)
+
+
+def test_fallback_to_python_warns_and_gives_eager_gradients(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", _fake_cc(tmp_path, 'echo "no compiler here" >&2\nexit 1'))
+    monkeypatch.setenv("CA_C_FALLBACK", "python")
+    a, b, loss = _tiny()
+    with pytest.warns(RuntimeWarning, match="falling back to the Python backend"):
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+    ea, eb, eloss = _tiny()
+    eloss.backward()
+    for t, e in ((a, ea), (b, eb)):
+        np.testing.assert_array_equal(t.grad.numpy(), e.grad.numpy())
+    assert list(cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 6. callbacks
+
+def _on_c(fn):
+    with ca.compiled_backward(backend="c"):
+        return fn()
+
+
+def test_tensor_hook_replaces_the_gradient():
+    def run(compiled):
+        a = ca.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        x = a * a
+        x.register_hook(lambda g: g * 0 + ca.tensor([10.0, 20.0, 30.0]))
+        loss = (x.sin() * 5).sum()
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return a.grad.numpy()
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6)
+    np.testing.assert_allclose(run(True), [20.0, -80.0, 180.0], rtol=1e-6)
+
+
+def test_hook_returning_a_wrong_shape_is_a_clear_error():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x = a * 2
+    x.register_hook(lambda g: g.sum())
+    with pytest.raises(RuntimeError, match=r"changed the size.*expected \[3\], got \[\]"):
+        _on_c(lambda: (x * x).sum().backward())
+    assert a.grad is None
+
+
+def test_unpack_hook_returning_another_shape_is_a_clear_error():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: ca.ones(5)):
+        loss = a.exp().sum()
+    with pytest.raises(RuntimeError, match=r"unpack_hook.*shape \[5\].*\[3\]"):
+        _on_c(loss.backward)
+    assert a.grad is None
+
+
+def test_post_accumulate_hook_sees_accumulated_grad_and_grads_add_up():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    seen = []
+    a.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.numpy().copy()))
+    _on_c(lambda: (a * a).sum().backward())
+    first = a.grad
+    _on_c(lambda: (a * a * 3).sum().backward())
+    assert a.grad is first
+    np.testing.assert_allclose(seen[0], [2.0, 4.0, 6.0])
+    np.testing.assert_allclose(seen[1], [8.0, 16.0, 24.0])
+    np.testing.assert_allclose(a.grad.numpy(), [8.0, 16.0, 24.0])
+
+
+def test_autograd_grad_returns_values_like_eager():
+    def run(compiled):
+        ca.manual_seed(3)
+        x, w = ca.randn(4, 5, requires_grad=True), ca.randn(5, 3, requires_grad=True)
+        loss = (x @ w).tanh().pow(2).mean()
+        f = lambda: ca.autograd.grad(loss, [x, w])
+        grads = _on_c(f) if compiled else f()
+        assert x.grad is None and w.grad is None
+        return [g.numpy() for g in grads]
+    for c, e in zip(run(True), run(False)):
+        np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-7)
+
+
+def test_float64_gradients_match_eager_closely():
+    def run(compiled):
+        rng = np.random.default_rng(0)
+        x, w = (ca.tensor(rng.standard_normal(s), dtype=np.float64, requires_grad=True)
+                for s in ((6, 5), (4, 5)))
+        F = ca.nn.functional
+        loss = F.log_softmax(F.linear(F.layer_norm(x, (5,)), w).sigmoid(), 1).exp().sum()
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return x.grad.numpy(), w.grad.numpy()
+    for c, e in zip(run(True), run(False)):
+        assert c.dtype == np.float64
+        np.testing.assert_allclose(c, e, rtol=1e-10, atol=1e-12)
+
+
+def test_embedding_and_cross_entropy_gather_scatter():
+    def run(compiled):
+        ca.manual_seed(0)
+        emb = ca.nn.Embedding(10, 4)
+        ids = ca.from_numpy(np.array([[1, 3, 3], [0, 9, 2]]))
+        target = ca.from_numpy(np.array([1, 2, 0, 3, 3, 1]))
+        loss = ca.nn.functional.cross_entropy(emb(ids).reshape(6, 4), target)
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return emb.weight.grad.numpy()
+    c, e = run(True), run(False)
+    np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-7)
+    assert np.all(c[[4, 5, 6, 7, 8]] == 0) and np.any(c[3] != 0)
+
+
+class Boom(Exception):
+    pass
+
+
+def test_exception_in_a_hook_propagates_unchanged():
+    a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x = a * 2
+
+    def hook(g):
+        raise Boom("kaboom 42")
+    x.register_hook(hook)
+    with pytest.raises(Boom, match="^kaboom 42$"):
+        _on_c(lambda: (x * x).sum().backward())
+    assert a.grad is None
+
+
+def test_full_range_slice_backward_is_not_clobbered():
+    # slice_backward fills its result with zeros, then copies the gradient in: a
+    # full-range slice must not reuse the dying gradient's buffer for the result.
+    def run(compiled):
+        x = ca.tensor(np.arange(12.0).reshape(4, 3) / 7, requires_grad=True)
+        loss = (x * 2).exp().narrow(0, 0, 4).sin().sum()
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return x.grad.numpy()
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- 7. arena plan
+
+def test_transformer_arena_plan_is_between_the_bounds():
+    graph = ca.trace_backward(build("transformer", **TRANSFORMER).loss()).graph
+    prog = CBackward(graph, build=False).prog
+    plan = prog.plan
+    assert plan.lower_bound <= plan.size <= plan.total
+    assert plan.size < plan.total            # buffers really share bytes
+    buffers = [(s.nbytes, s.first, s.last) for s in prog.arena_storages]
+    _assert_no_overlap(buffers, plan)
+
+
+def _assert_no_overlap(buffers, plan):
+    assert len(plan.offsets) == len(buffers)
+    spans = [(o, o + n, f, l) for o, (n, f, l) in zip(plan.offsets, buffers)]
+    for i, (o1, e1, f1, l1) in enumerate(spans):
+        assert o1 % arena.ALIGN == 0 and e1 <= plan.size
+        for o2, e2, f2, l2 in spans[i + 1:]:
+            if f1 <= l2 and f2 <= l1 and e1 > o1 and e2 > o2:
+                assert e1 <= o2 or e2 <= o1, (spans, (o1, e1, f1, l1), (o2, e2, f2, l2))
+
+
+def test_arena_plan_on_random_intervals():
+    rng = random.Random(1234)
+    for _ in range(300):
+        buffers = []
+        for first in (rng.randint(0, 30) for _ in range(rng.randint(0, 25))):
+            buffers.append((rng.choice([0, 1, 8, 64, 100, rng.randint(1, 5000)]),
+                            first, first + rng.randint(0, 8)))
+        plan = arena.plan(buffers)
+        assert plan.size >= plan.lower_bound == arena.lower_bound(buffers)
+        assert plan.size <= plan.total
+        _assert_no_overlap(buffers, plan)
