@@ -136,6 +136,8 @@ def cmd_trace(args, out):
         out(str(g.graph))
     elif args.format == "code":
         out(g.code.rstrip())
+    elif args.format == "c":
+        out(g.c_code.rstrip())
     elif args.format == "dot":
         out(g.to_dot())
     else:
@@ -306,14 +308,14 @@ def parser():
     demo.add_argument("--checks", type=int, default=8)
     trace = sub.add_parser("trace", help="print the backward graph")
     _model_args(trace)
-    trace.add_argument("--format", choices=["table", "graph", "code", "dot", "json"],
+    trace.add_argument("--format", choices=["table", "graph", "code", "c", "dot", "json"],
                        default="table")
     run = sub.add_parser("run", help="run the backward compiled; compare with eager")
     _model_args(run)
-    run.add_argument("--backend", default="python", choices=["python", "eager"])
+    run.add_argument("--backend", default="python", choices=["python", "eager", "c"])
     memory = sub.add_parser("memory", help="planned and measured memory of the backward")
     _model_args(memory)
-    memory.add_argument("--backend", default="python", choices=["python", "eager"])
+    memory.add_argument("--backend", default="python", choices=["python", "eager", "c"])
     memory.add_argument("--report", help="write a report: .html, .txt or .json")
     return top
 

@@ -2,8 +2,10 @@
 
 Each prim declares, in one place, its name, its numpy kernel, its shape/dtype rule
 (``meta``), what its derivative needs saved (``save``), its derivative (``vjp``)
-written in prims, whether its result aliases its input (``view``) and, later, its C
-template. The definitions live in ``prims_elementwise``, ``prims_shape`` and
+written in prims, whether its result aliases its input (``view``) and its C template
+(``c_template``: for an elementwise prim, the C expression over its inputs ``a``,
+``b``, ``c`` and params; otherwise the name of a template under
+``codegen/templates/c/``). The definitions live in ``prims_elementwise``, ``prims_shape`` and
 ``prims_reduce``; this module holds the machinery and the table, ``PRIMS``.
 
 Calling a prim dispatches on its arguments, like ``__torch_function__``: if an
