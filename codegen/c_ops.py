@@ -288,7 +288,6 @@ def _index_like(e, node, accumulate):
         y = out = e.fresh(node)
     indices = [e.read(e.vals[a]) for a in node.args[1:]]
     nb = max(len(i.shape) for i in indices)
-    bshape = y.shape  # filled below from the layout rule
     D = [d for d, p in enumerate(pattern) if p is not None]
     adjacent = D == list(range(D[0], D[-1] + 1))
     b0 = D[0] if adjacent else 0
@@ -302,7 +301,7 @@ def _index_like(e, node, accumulate):
     x_strides = [0] * len(y.shape)
     for d in plain:
         x_strides[ydim[d]] = x.strides[d]
-    reads, checks = [], []
+    reads = []
     for d in D:
         v = indices[pattern[d]]
         lead = nb - len(v.shape)
@@ -311,14 +310,12 @@ def _index_like(e, node, accumulate):
             strides[b0 + lead + t] = 0 if size == 1 else s
         reads.append((f"j{d}", f"{v.ptr}[{e.index(v.offset, strides, ynames)}]",
                       c_expr(x.shape[d]), c_expr(x.strides[d])))
-    del bshape
     code = _error(e, f"index out of bounds in {'index_put' if accumulate else 'index'} "
                      f"(shape {tuple(x.shape)})")
     e.emit(_render("index.c.j2", accumulate=accumulate, code=code,
                    loops=[(nm, c_expr(s)) for nm, s in zip(ynames, y.shape)], reads=reads,
                    x=x.ptr, x_index=e.index(x.offset, x_strides, ynames),
                    y=f"{y.ptr}[{e.index(y.offset, y.strides, ynames)}]"))
-    del checks
     e.vals[node] = out
 
 
