@@ -122,6 +122,7 @@ class Emitter:
         self.step = 0
         self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
         self.fused = self._fusable()
+        self.site_of: dict = {}     # hook node -> its callback Site
         self.inplace: list = []       # elementwise statements: (step, out, leaves)
         self.wants_out = self._wanted_outputs()
 
@@ -200,7 +201,7 @@ class Emitter:
         prim = PRIMS[node.target]
         out_ct = ctype(node.meta["dtype"])
         if node.target in COMPARES:
-            arrays = [self.vals_dtype(a) for a in node.args if isinstance(a, Node)]
+            arrays = [a.meta["dtype"] for a in node.args if isinstance(a, Node)]
             compute = ctype(np.result_type(*arrays)) if arrays else "double"
         else:
             compute = out_ct
@@ -218,9 +219,6 @@ class Emitter:
                 prim.c_template, undefined=jinja2.StrictUndefined)
         text = template.render(T=out_ct, **names)
         return f"(({out_ct})({text}))", node.meta["dtype"]
-
-    def vals_dtype(self, a):
-        return a.meta["dtype"]
 
     # ------------------------------------------------------------ loops
 
@@ -345,8 +343,6 @@ class Emitter:
         raise AssertionError(node.target)
 
     # ------------------------------------------------------------ hooks and outputs
-
-    site_of: dict
 
     def hook(self, node):
         if node.target == "accumulate_grad":
@@ -506,6 +502,4 @@ class Emitter:
 
 
 def generate(graph) -> CProgram:
-    e = Emitter(graph)
-    e.site_of = {}
-    return e.run()
+    return Emitter(graph).run()

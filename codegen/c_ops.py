@@ -67,8 +67,8 @@ def _reduce(e, node):
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
         n_out = prod([loop[d] for d in kept])
-        scratch = e.new_storage("arena", np.dtype(acc if acc != "int64_t" else np.int64)
-                                if acc in ("double", "int64_t") else out.dtype, (n_out,))
+        scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
+            acc, out.dtype), (n_out,))
         e.emit(_render("reduce_rows.c.j2", scratch=scratch.name, n_out=c_expr(n_out),
                        loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
                        acc_index=e.index(0, out_strides, names),

@@ -23,7 +23,7 @@ import numpy as np
 
 from codegen import arena as arena_plan
 from codegen.c import generate
-from codegen.c_layout import value_of
+from codegen.c_layout import Val, value_of
 from compiled_autograd.hook_calls import CALL_HOOK
 from compiled_autograd.node import accumulate_into
 from runtime import cbuild, memory
@@ -79,7 +79,6 @@ class CBackward:
                        and v.storage.last <= step and v.is_contiguous() and v.offset == 0
                        and v.shape == v.storage.shape for step, _, v in prog.accumulations]
         self._plans: dict = {}
-        self._spare_arena = None
         self._input_nodes = {i: node for node, (box, i) in prog.pyrefs.items() if box == "inputs"}
         self._input_specs = []
         for i, storage in prog.inputs:
@@ -184,16 +183,6 @@ class CBackward:
 
     # ------------------------------------------------------------ the call
 
-    def _take_arena(self, nbytes):
-        """The arena for a call. The previous call's arena is kept and reused (as a
-        caching allocator would): a fresh multi-megabyte buffer costs a page fault
-        per 4 KiB the first time it is written, which is time the gemms would
-        otherwise spend computing. A nested call gets a buffer of its own."""
-        arena, self._spare_arena = self._spare_arena, None
-        if arena is None or arena.nbytes < nbytes:
-            arena = np.empty(max(nbytes, 1), np.uint8)
-        return arena
-
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         prog = self.prog
         boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
@@ -221,7 +210,7 @@ class CBackward:
             del frame.py[node]     # the array in frame.store is all the call keeps
         ptrs += [a.ctypes.data for a in self._consts]
         plan = self._plan(frame.sizes)
-        frame.arena = self._take_arena(plan.size)
+        frame.arena = np.empty(max(plan.size, 1), np.uint8)
         frame.outs = [np.empty(tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
                       for s in prog.out_storages]
         if memory.active():
@@ -242,8 +231,6 @@ class CBackward:
                          None if offsets is None else offsets.ctypes.data, self._callback)
         finally:
             self._frames.pop()
-            self._spare_arena = frame.arena   # reused next call: no fresh page faults
-            frame.arena = None
         if rc != 0:
             if frame.error is not None:
                 raise frame.error
@@ -261,7 +248,6 @@ class CBackward:
 
 
 def storage_val(storage):
-    from codegen.c_layout import Val
     return Val(storage, storage.dtype, storage.shape)
 
 

@@ -31,35 +31,6 @@ from pathlib import Path
 
 WARNING_FLAGS = ("-Wall", "-Wextra")
 OPT_FLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
-_native: tuple | None = None
-
-
-def native_flags() -> tuple:
-    """Flags for this machine's CPU, where that is safe: on x86-64 Linux,
-    ``-march=native`` (the CPU's flags are part of the library's hash, so a cache
-    directory shared with another CPU never hands it this binary) and glibc's
-    vector math library (``-fopenmp-simd`` + ``-lmvec``), so loops calling exp,
-    tanh or erf are vectorised. ``CA_C_NATIVE=0`` turns both off."""
-    global _native
-    if _native is None:
-        import ctypes.util
-        import platform
-        flags: tuple = ()
-        if (os.environ.get("CA_C_NATIVE", "1") != "0" and platform.system() == "Linux"
-                and platform.machine() == "x86_64"):
-            flags = ("-march=native",)
-            if ctypes.util.find_library("mvec"):
-                flags += ("-fopenmp-simd", "-DCA_LIBMVEC")
-        _native = flags
-    return _native
-
-
-def _cpu_fingerprint() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -105,18 +76,14 @@ def env_flags() -> list[str]:
 
 def command(src: str, out: str, extra=()) -> list[str]:
     include, libdir, lib = blas()
-    native = native_flags()
-    return (shlex.split(compiler()) + list(OPT_FLAGS) + list(native) + list(WARNING_FLAGS)
-            + env_flags() + list(extra)
-            + [f"-I{include}", src, "-o", out, f"-L{libdir}", f"-l{lib}",
-               f"-Wl,-rpath,{libdir}"]
-            + (["-lmvec"] if "-DCA_LIBMVEC" in native else []) + ["-lm"])
+    return (shlex.split(compiler()) + list(OPT_FLAGS) + list(WARNING_FLAGS) + env_flags()
+            + list(extra) + [f"-I{include}", src, "-o", out, f"-L{libdir}", f"-l{lib}",
+                             f"-Wl,-rpath,{libdir}", "-lm"])
 
 
 def library_path(source: str, extra=()) -> Path:
     cmd = command("SRC", "OUT", extra)
-    machine = _cpu_fingerprint() if "-march=native" in cmd else ""
-    digest = hashlib.sha256("\0".join(cmd + [machine, source]).encode()).hexdigest()[:32]
+    digest = hashlib.sha256("\0".join(cmd + [source]).encode()).hexdigest()[:32]
     return cache_dir() / f"ca_{digest}.so"
 
 

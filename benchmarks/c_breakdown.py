@@ -1,0 +1,106 @@
+"""Where the C backend's time goes, at 1 thread: the generated C function alone
+against the whole compiled backward (the rest is Python: the cache lookup's walk
+and the call), on the small MLP, the 200-op chain and the transformer, and one
+256x1024x1024 sgemm in scipy-openblas32 against torch.
+
+    python benchmarks/c_breakdown.py [--reps N]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _fmt(seconds):
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
+
+
+def c_function_share(case, reps):
+    """(median whole compiled backward, median of the ctypes call alone)."""
+    import backward
+    import compiled_autograd as ca
+    from codegen.c_run import CBackward
+    make_loss, params = backward._ca_setup(case)
+    inner, calls = [], []
+    original = CBackward.__call__
+
+    def timed_call(self, *args):
+        fn = self.fn
+        def timed_fn(*a):
+            start = time.perf_counter()
+            rc = fn(*a)
+            inner.append(time.perf_counter() - start)
+            return rc
+        self.fn = timed_fn
+        try:
+            return original(self, *args)
+        finally:
+            self.fn = fn
+    CBackward.__call__ = timed_call
+    try:
+        ca.reset_compiled_autograd()
+        for _ in range(reps + 3):
+            loss = make_loss()
+            start = time.perf_counter()
+            with ca.compiled_backward(backend="c"):
+                loss.backward()
+            calls.append(time.perf_counter() - start)
+            for p in params:
+                p.grad = None
+    finally:
+        CBackward.__call__ = original
+    return statistics.median(calls[3:]), statistics.median(inner[3:])
+
+
+def sgemm(reps):
+    import numpy as np
+    import scipy_openblas32 as sob
+    lib = ctypes.CDLL(os.path.join(sob.get_lib_dir(), "lib" + sob.get_library() + ".so"))
+    f = lib.scipy_cblas_sgemm
+    f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                       ctypes.c_void_p, ctypes.c_int]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 1024), dtype=np.float32)
+    b = rng.standard_normal((1024, 1024), dtype=np.float32)
+    c = np.empty((256, 1024), np.float32)
+
+    from tracer import median_time
+
+    def median(fn):
+        fn()  # warm up
+        return median_time(fn, reps)
+    row = {"openblas": median(lambda: f(101, 111, 111, 256, 1024, 1024, 1.0, a.ctypes.data,
+                                        1024, b.ctypes.data, 1024, 0.0, c.ctypes.data, 1024))}
+    try:
+        import torch
+        torch.set_num_threads(1)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        row["torch"] = median(lambda: ta @ tb)
+    except ImportError:
+        pass
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=100)
+    args = parser.parse_args()
+    print(f"1 thread; medians of {args.reps}")
+    print(f"{'case':<12}{'whole backward':>16}{'C function':>14}{'rest (Python)':>15}")
+    for case in ("small_mlp", "chain", "transformer"):
+        whole, inner = c_function_share(case, args.reps if case != "transformer"
+                                        else max(3, args.reps // 10))
+        print(f"{case:<12}{_fmt(whole):>16}{_fmt(inner):>14}{_fmt(whole - inner):>15}")
+    row = sgemm(max(10, args.reps // 5))
+    print("\none sgemm 256x1024x1024: " + ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
+
+if __name__ == "__main__":
+    main()
