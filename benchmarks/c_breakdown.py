@@ -1,7 +1,7 @@
 """Where the C backend's time goes, at 1 thread: the generated C function alone
 against the whole compiled backward (the rest is Python: the cache lookup's walk
 and the call), on the small MLP, the 200-op chain and the transformer, and one
-256x1024x1024 sgemm in scipy-openblas32 against torch.
+256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
@@ -61,12 +61,14 @@ def c_function_share(case, reps):
 
 def sgemm(reps):
     import numpy as np
-    import scipy_openblas32 as sob
-    lib = ctypes.CDLL(os.path.join(sob.get_lib_dir(), "lib" + sob.get_library() + ".so"))
-    f = lib.scipy_cblas_sgemm
-    f.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                                       ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
-                                       ctypes.c_void_p, ctypes.c_int]
+    from runtime.cbuild import blas
+    lib = blas()
+    name = lib.link[1:] if lib.link.startswith(":") else f"lib{lib.link}.so"
+    f = getattr(ctypes.CDLL(os.path.join(lib.lib_dir, name)), lib.sgemm)
+    n = ctypes.c_int64 if lib.int_type == "int64_t" else ctypes.c_int
+    f.argtypes = [ctypes.c_int] * 3 + [n] * 3 + [ctypes.c_float, ctypes.c_void_p, n,
+                                                 ctypes.c_void_p, n, ctypes.c_float,
+                                                 ctypes.c_void_p, n]
     rng = np.random.default_rng(0)
     a = rng.standard_normal((256, 1024), dtype=np.float32)
     b = rng.standard_normal((1024, 1024), dtype=np.float32)

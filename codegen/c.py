@@ -31,6 +31,7 @@ from codegen.c_layout import (Storage, Val, add, c_expr, contiguous_strides, cty
                               expanded, mul, permuted, prod, reshaped, sliced)
 from compiled_autograd.graph import Node
 from compiled_autograd.symbolic import SymFloat, SymInt, expr_of
+from runtime.cbuild import array_data_offset, blas
 from runtime.prims import PRIMS
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
@@ -471,9 +472,9 @@ class Emitter:
         for i, s in enumerate(prog.arena_storages):
             decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)(arena + {offsets[i]});")
         for s in prog.out_storages:
-            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)out[{s.index}];")
+            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);")
         for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
-            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)in[{j}];")
+            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(in[{j}]);")
         for s in prog.ext_storages:
             # (void): a result only Python reads (a gradient to accumulate, a hook's
             # argument) is set here but never read in C (-Wunused-but-set-variable)
@@ -495,7 +496,7 @@ class Emitter:
         used = "\n".join(t for b in blocks for t in b["stmts"])
         decls = [d for d in decls if re.search(rf"\b{d.split('*')[1].split()[0]}\b", used)]
         prog.source = _ENV.get_template("backward.c.j2").render(
-            decls=decls, blocks=blocks, n_nodes=n_steps,
+            decls=decls, blocks=blocks, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas(),
             uses={w: bool(re.search(rf"\b{w}\b", used))
                   for w in ("sizes", "scalars", "cb", "in", "out", "arena", "offsets")})
         return prog

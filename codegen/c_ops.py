@@ -125,9 +125,9 @@ def _gemm_operand(e, v, rows, cols):
 def _gemm_prefix(dtype):
     dt = np.dtype(dtype)
     if dt == np.float32:
-        return "scipy_cblas_sgemm", "f"
+        return "ca_sgemm", "f"
     if dt == np.float64:
-        return "scipy_cblas_dgemm", ""
+        return "ca_dgemm", ""
     raise NotImplementedError(f"C backend: matmul of {dt} arrays")
 
 

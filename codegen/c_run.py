@@ -78,6 +78,11 @@ class CBackward:
         self._owned = [v.storage.kind == "out" and handed[v.storage] == 1
                        and v.storage.last <= step and v.is_contiguous() and v.offset == 0
                        and v.shape == v.storage.shape for step, _, v in prog.accumulations]
+        self._whole = [_whole(v) for _, _, v in prog.accumulations]
+        self._out_shapes = [s.shape if all(isinstance(d, int) for d in s.shape) else None
+                            for s in prog.out_storages]
+        self._pyrefs = [(node, box, i, box not in ("sizes", "scalars"))
+                        for node, (box, i) in prog.pyrefs.items()]
         self._plans: dict = {}
         self._input_nodes = {i: node for node, (box, i) in prog.pyrefs.items() if box == "inputs"}
         self._input_specs = []
@@ -107,10 +112,9 @@ class CBackward:
         plan = self._plan(frame.sizes)
         return plan.offsets[self.prog.arena_index[storage]]
 
-    def _resolve(self, frame, v, copy):
+    def _resolve(self, frame, v, copy, whole=None):
         storage = v.storage
-        if storage.kind != "arena" and v.offset == 0 and v.shape == storage.shape and \
-                v.is_contiguous():   # the whole array: no view to build
+        if whole if whole is not None else _whole(v):   # no view to build
             return frame.outs[storage.index] if storage.kind == "out" else frame.store[storage]
         arr = v.numpy(self._base(frame, storage), frame.sizes)
         if copy and v.storage.kind == "arena":
@@ -133,10 +137,11 @@ class CBackward:
     def _flush(self, frame, before_step):
         accs = self.prog.accumulations
         while frame.flushed < len(accs) and accs[frame.flushed][0] < before_step:
-            step, variable, v = accs[frame.flushed]
+            k = frame.flushed
+            step, variable, v = accs[k]
             frame.flushed += 1
-            accumulate_into(frame.py[variable], self._resolve(frame, v, False),
-                            owned=self._owned[frame.flushed - 1])
+            accumulate_into(frame.py[variable], self._resolve(frame, v, False, self._whole[k]),
+                            owned=self._owned[k])
 
     def _on_callback(self, index, results):
         frame = self._frames[-1]
@@ -189,43 +194,46 @@ class CBackward:
                  "packed_data": packed_data}
         frame = _Frame()
         frame.sizes, frame.error, frame.flushed = list(sizes), None, 0
-        frame.py = {}
-        for node, (box, i) in prog.pyrefs.items():
+        py = frame.py = {}
+        for node, box, i, take in self._pyrefs:
             container = boxes[box]
-            frame.py[node] = container[i]
-            if isinstance(container, list) and box != "sizes" and box != "scalars":
+            py[node] = container[i]
+            if take:
                 container[i] = None
-        frame.store = {}
-        ptrs = []
-        store = frame.store
+        store = frame.store = {}
+        arrays = []
         for i, node, storage, shape, dtype, val in self._input_specs:
-            arr = frame.py[node]
-            arr = getattr(arr, "_data", arr)
-            if not (type(arr) is np.ndarray and arr.dtype == dtype and arr.flags.c_contiguous
-                    and shape is not None and arr.shape == shape):
-                arr = self._checked(arr, val, frame.sizes, f"input {i}")
+            arr = py[node]
+            if type(arr) is not np.ndarray:
+                arr = getattr(arr, "_data", arr)      # a leaf Tensor read as an array
+            if not (type(arr) is np.ndarray and arr.shape == shape and arr.dtype == dtype
+                    and arr.flags.c_contiguous):
+                arr = self._checked(arr, val, frame.sizes, f"input {i}")  # raises, or copies
             store[storage] = arr
-            ptrs.append(arr.ctypes.data)
+            arrays.append(arr)
         for node in self._array_only:
-            del frame.py[node]     # the array in frame.store is all the call keeps
-        ptrs += [a.ctypes.data for a in self._consts]
+            del py[node]     # the array in frame.store is all the call keeps
+        arrays += self._consts
         plan = self._plan(frame.sizes)
         frame.arena = np.empty(max(plan.size, 1), np.uint8)
-        frame.outs = [np.empty(tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
-                      for s in prog.out_storages]
+        frame.outs = outs = [np.empty(shape if shape is not None else
+                                      tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
+                             for s, shape in zip(prog.out_storages, self._out_shapes)]
         if memory.active():
             memory.on_array(frame.arena, "c_arena", "temporary")
-            for a in frame.outs:
+            for a in outs:
                 memory.on_array(a, "c_output", "gradient")
-        in_ptrs = (_P * max(len(ptrs), 1))(*ptrs)
-        out_ptrs = (_P * max(len(frame.outs), 1))(*[a.ctypes.data for a in frame.outs])
+        # The C reads each array's data pointer from its object (runtime.cbuild).
+        in_objs = np.fromiter(map(id, arrays), np.uintp, len(arrays))
+        out_objs = np.fromiter(map(id, outs), np.uintp, len(outs))
         size_arr = np.asarray(frame.sizes, np.int64) if frame.sizes else None
         scalar_arr = np.asarray([float(s) for s in scalars], np.float64) if scalars else None
         offsets = (np.asarray(plan.offsets, np.int64) if prog.dynamic and plan.offsets
                    else None)
         self._frames.append(frame)
         try:
-            rc = self.fn(in_ptrs, out_ptrs, frame.arena.ctypes.data,
+            rc = self.fn(in_objs.ctypes.data if arrays else None,
+                         out_objs.ctypes.data if outs else None, frame.arena.ctypes.data,
                          None if size_arr is None else size_arr.ctypes.data,
                          None if scalar_arr is None else scalar_arr.ctypes.data,
                          None if offsets is None else offsets.ctypes.data, self._callback)
@@ -241,10 +249,16 @@ class CBackward:
             if out is None:
                 results.append(None)
             elif out[0] == "py":
-                results.append(frame.py[out[1]])
+                results.append(py[out[1]])
             else:
                 results.append(self._resolve(frame, out[1], False))
         return tuple(results)
+
+
+def _whole(v) -> bool:
+    """Is ``v`` all of its (non-arena) storage, so no view needs building?"""
+    return (v.storage.kind != "arena" and v.offset == 0 and v.shape == v.storage.shape
+            and v.is_contiguous())
 
 
 def storage_val(storage):

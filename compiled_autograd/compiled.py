@@ -205,9 +205,10 @@ def _miss_reason(collected_key):
             best, best_len = other, n
     if best is None:
         return "cache miss: empty cache"
-    # Name the autograd node whose collected args differ (NodeCall = its rank).
-    call = sum(1 for item in collected_key[:best_len + 1]
-               if isinstance(item, tuple) and item and item[0] == "node") - 1
+    # Name the autograd node whose collected args differ (NodeCall = its rank in
+    # the walk): every node's args end with its edges.
+    call = sum(1 for item in collected_key[:best_len]
+               if isinstance(item, tuple) and item[:1] == ("edges",))
     item = collected_key[best_len] if best_len < len(collected_key) else None
     theirs = best[-1][best_len] if best_len < len(best[-1]) else None
     ours_type = _node_type(item)
@@ -256,10 +257,10 @@ class compiled_backward:
 # ---------------------------------------------------------------- running
 
 
-def _prepare(roots, input_edges, accumulate, unpack):
+def _prepare(roots, input_edges, accumulate, record=True):
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
                             input_edges=input_edges, accumulate=accumulate)
-    collected = tracer.collect(task, roots)
+    collected = tracer.collect(task, roots, record)
     return task, collected, collected.freeze()
 
 
@@ -283,22 +284,14 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
     """Run a backward through compiled autograd. Returns the captured gradients
     (arrays) at ``input_edges``."""
     options = options or current_options()
-    task, collected, key = _prepare(roots, input_edges, accumulate, options.unpack)
-    cache_key = (id(options.compiler), options.unpack, key)
-    sizes, scalars = tuple(collected.sizes), collected.scalars
-    family = _cache.get(cache_key)
-    entry = family.lookup(sizes, scalars) if family is not None else None
-    if entry is None:
-        entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
-    else:
-        _stats["cache_hits"] += 1
-    family = _cache[cache_key]
-    family.last_sizes = sizes
+    task, collected, entry = lookup(roots, input_edges, accumulate, options)
     if not retain_graph:
-        # The boxed lists become the only owners of the saved values.
-        for fn in task.nodes:
-            if task.will_run(fn):
-                fn.release_variables()
+        # The boxed lists become the only owners of the saved values: release them
+        # (a prim node holds nothing else), and whatever other nodes hold.
+        for sv in collected.saved:
+            sv.release()
+        for fn in collected.release_nodes:
+            fn.release_variables()
     stack = getattr(engine._running, "stack", None)
     if stack is None:
         stack = engine._running.stack = []
@@ -309,10 +302,30 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
         with set_grad_enabled(False), \
                 memory.category("gradient") if memory.active() else nullcontext():
             out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
-                           list(sizes), list(scalars), collected.hooks, collected.packed_data)
+                           list(collected.sizes), list(collected.scalars), collected.hooks,
+                           collected.packed_data)
     finally:
         stack.pop()
     return list(out) if out is not None else []
+
+
+def lookup(roots, input_edges, accumulate, options):
+    """(task, collected args, CompiledBackward): collect the key and the runtime
+    values, look the key up, and on a miss trace and compile. This is all a cache
+    hit costs before the compiled function runs."""
+    task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
+    cache_key = (id(options.compiler), options.unpack, key)
+    sizes, scalars = tuple(collected.sizes), collected.scalars
+    family = _cache.get(cache_key)
+    entry = family.lookup(sizes, scalars) if family is not None else None
+    if entry is None:
+        # The tracer needs to know where each value sits: collect again, recording.
+        collected = tracer.collect(task, roots, record=True)
+        entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
+    else:
+        _stats["cache_hits"] += 1
+    _cache[cache_key].last_sizes = sizes
+    return task, collected, entry
 
 
 def _compile_miss(cache_key, family, collected, task, roots, input_edges, options):
@@ -360,7 +373,7 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
         input_edges = engine._edges_of(inputs, "inputs")
-    task, collected, key = _prepare(roots, input_edges, accumulate=inputs is None, unpack=unpack)
+    task, collected, key = _prepare(roots, input_edges, accumulate=inputs is None)
     with ShapeEnv():
         traced = tracer.trace(task, roots, collected, len(input_edges or ()))
         passes.eliminate_dead_code(traced.graph)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiled_autograd.saved_variable import SavedVariable
+
 
 class CompiledNodeArgs:
     """Key and runtime values of a backward, collected in walk order."""
 
-    def __init__(self):
+    def __init__(self, record: bool = True):
         self.key: list = []
         self.saved: list = []            # SavedVariables, in collection order
         self.inputs: list = []           # runtime values taken by getitem(inputs, i)
@@ -29,6 +31,10 @@ class CompiledNodeArgs:
         self.packed_data: list = []      # packed objects of saved-tensor hooks
         self.sizes: list = []            # every collected size, flat
         self.scalars: list = []          # lifted Python floats
+        self.release_nodes: list = []    # running nodes that are not prim nodes
+        # ``record``: also note where each owner's values sit, for the tracer. A
+        # cache hit needs only the key and the values, so it collects without.
+        self.record = record
         self.slot: dict = {}             # id(obj) -> where its runtime value sits
         # Where each owner's sizes start in ``sizes`` (owner: id of a node, saved
         # variable, leaf or tensor; or ("root", i)), a node's int params, its scalars.
@@ -37,7 +43,6 @@ class CompiledNodeArgs:
         self.scalar_pos: dict = {}
         self.node = None                 # the node being collected (for error messages)
         self.uncacheable_reason = None   # set when the trace must not be reused
-        self._node_ids: dict = {}
 
     # ---------------------------------------------------------- key only
 
@@ -49,7 +54,7 @@ class CompiledNodeArgs:
         """Tensor sizes. Their number is part of the key, their values are not: the
         cache compares the values, so a size that changes can become dynamic.
         ``owner`` (a node, a saved variable, ...) lets the tracer find them again."""
-        if owner is not None:
+        if owner is not None and self.record:
             self.size_pos[owner if owner.__class__ is tuple else id(owner)] = len(self.sizes)
         ndims = []
         for s in shapes:
@@ -64,26 +69,25 @@ class CompiledNodeArgs:
         """A prim's static params. Their ints (shape arguments, dims, offsets) are
         collected as sizes -- compared, and made dynamic if they change -- and the
         rest (flags, dtypes, strings, floats) is part of the key."""
-        items = tuple(params.items())
-        split = _PARAM_SPLITS.get(items)
-        if split is None:
-            split = _PARAM_SPLITS[items] = _split_params(params)
+        split = _params_split(params)
         self.key.append(split[0])
-        self.param_pos[id(owner)] = len(self.sizes)
+        if self.record:
+            self.param_pos[id(owner)] = len(self.sizes)
         self.sizes.extend(split[1])
 
     def collect_prim_node(self, node) -> None:
-        """Everything a prim's backward node depends on, in one step (the hot path
-        of a cache hit): type, params (ints as sizes), input sizes, dtypes, saved
-        values (Python floats lifted into scalars)."""
-        sizes, nid = self.sizes, id(node)
-        items = tuple(node.params.items())
-        split = _PARAM_SPLITS.get(items)
-        if split is None:
-            split = _PARAM_SPLITS[items] = _split_params(node.params)
-        self.param_pos[nid] = len(sizes)
-        sizes.extend(split[1])
-        self.size_pos[nid] = len(sizes)
+        """Everything a prim's backward node depends on, as one key item (the hot
+        path of a cache hit): type, params (ints as sizes), input sizes, dtypes,
+        saved values (Python floats lifted into scalars)."""
+        sizes, record = self.sizes, self.record
+        params = node.params
+        split = _params_split(params) if params else _NO_PARAMS
+        if record:
+            self.param_pos[id(node)] = len(sizes)
+            sizes.extend(split[1])
+            self.size_pos[id(node)] = len(sizes)
+        elif params:
+            sizes.extend(split[1])
         ndims = []
         for shape in node.shapes:
             if shape is None:
@@ -91,80 +95,88 @@ class CompiledNodeArgs:
             else:
                 ndims.append(len(shape))
                 sizes.extend(shape)
-        self.key.append((type(node), split[0], tuple(ndims), node.dtypes))
+        saved = []
         for i, item in enumerate(node.saved):
-            if isinstance(item, tuple):
-                for sv in item:
-                    self.collect_saved(sv)
-            elif item.__class__ is float:
-                self.collect_scalar(item, (nid, i))
-            elif hasattr(item, "unpack_array"):
-                self.collect_saved(item)
+            cls = item.__class__
+            if cls is SavedVariable:
+                if record or item.unpack_hook is not None or item.released or \
+                        item._version_counter.value != item.saved_version:
+                    saved.append(self._saved(item))
+                else:   # the common case of _saved, inline: a plain array, unchanged
+                    self.saved.append(item)
+                    self.inputs.append(item._data if item._tensor is None else item._tensor._data)
+                    shape = item.shape
+                    sizes.extend(shape)
+                    saved.append((item.dtype, False, len(shape)))
+            elif cls is tuple:
+                saved.append(tuple([self._saved(sv) for sv in item]))
+            elif cls is float:
+                if record:
+                    self.scalar_pos[(id(node), i)] = len(self.scalars)
+                self.scalars.append(item)
+                saved.append("scalar")
             else:
-                self.key.append(item)
+                saved.append(item)
+        self.key.append((type(node), split[0], tuple(ndims), node.dtypes, tuple(saved)))
 
     def collect_scalar(self, value, owner) -> None:
         """A Python float a node saved: a runtime value (``scalars``), not a key."""
         self.key.append(("scalar",))
-        self.scalar_pos[owner] = len(self.scalars)
+        if self.record:
+            self.scalar_pos[owner] = len(self.scalars)
         self.scalars.append(float(value))
 
-    def node_id(self, node) -> int:
-        """A stable number for a node: its rank of first appearance in the walk."""
-        return self._node_ids.setdefault(node, len(self._node_ids))
-
-    def collect_edges(self, node) -> None:
-        ids = self._node_ids
-        self.key.append(("edges", tuple(
-            [None if fn is None else (ids.setdefault(fn, len(ids)), nr)
-             for fn, nr in node.next_functions])))
-
     # ---------------------------------------------------------- runtime values
-
-    def _input(self, obj, value) -> int:
-        self.slot[id(obj)] = ("inputs", len(self.inputs))
-        self.inputs.append(value)
-        return len(self.inputs) - 1
 
     def collect_saved(self, sv) -> None:
         """A saved variable: its metadata is part of the key, its value is a runtime
         input -- an array, or (under saved-tensor hooks) its unpack hook and packed
         data. Checked here (freed? modified in place?) as eager checks up front."""
+        self.key.append(("saved",) + self._saved(sv))
+
+    def _saved(self, sv) -> tuple:
+        """Collect a saved variable's value; return its key item."""
         hooked = sv.unpack_hook is not None
         if sv.released or (not hooked and sv._version_counter.value != sv.saved_version):
             sv.check(self.node.name() if self.node is not None else "backward")  # raises
         shape = sv.shape
-        self.key.append(("saved", sv.dtype.str, hooked, len(shape)))
-        self.size_pos[id(sv)] = len(self.sizes)
+        if self.record:
+            self.size_pos[id(sv)] = len(self.sizes)
+            self.slot[id(sv)] = (("hooked", len(self.hooks), len(self.packed_data)) if hooked
+                                 else ("inputs", len(self.inputs)))
         self.sizes.extend(shape)
         self.saved.append(sv)
         if hooked:
-            self.slot[id(sv)] = ("hooked", len(self.hooks), len(self.packed_data))
             self.hooks.append(sv.unpack_hook)
             self.packed_data.append(sv.packed)
         else:
-            self._input(sv, sv._data if sv._tensor is None else sv._tensor._data)
+            self.inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
+        return (sv.dtype, hooked, len(shape))
 
     def collect_leaf(self, variable) -> None:
         """The leaf Tensor an AccumulateGrad writes into."""
         shape = variable._data.shape
-        self.key.append(("leaf", variable._data.dtype.str, len(shape)))
-        self.size_pos[id(variable)] = len(self.sizes)
+        self.key.append(("leaf", variable._data.dtype, len(shape)))
+        if self.record:
+            self.size_pos[id(variable)] = len(self.sizes)
+            self.slot[id(variable)] = ("inputs", len(self.inputs))
         self.sizes.extend(shape)
-        self.slot[id(variable)] = ("inputs", len(self.inputs))
         self.inputs.append(variable)
 
     def collect_tensor(self, tensor) -> None:
         """A Tensor a node's backward reads that is not a saved variable (a custom
         Function's ctx attribute)."""
-        self.key.append(("tensor", tensor.dtype.str))
+        self.key.append(("tensor", tensor.dtype))
         self.collect_sizes((tensor.shape,), owner=tensor)
-        self._input(tensor, tensor._data)
+        if self.record:
+            self.slot[id(tensor)] = ("inputs", len(self.inputs))
+        self.inputs.append(tensor._data)
 
     def collect_hook(self, kind, nr, hook) -> None:
         """A user hook: its kind and position are the key; the callable is an input."""
         self.key.append(("hook", kind, nr))
-        self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
+        if self.record:
+            self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
         self.hooks.append(hook)
 
     def uncacheable(self, reason) -> None:
@@ -176,6 +188,15 @@ class CompiledNodeArgs:
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
+_NO_PARAMS = (("params", ()), ())
+
+
+def _params_split(params):
+    items = tuple(params.items())
+    split = _PARAM_SPLITS.get(items)
+    if split is None:
+        split = _PARAM_SPLITS[items] = _split_params(params)
+    return split
 
 
 # Params that index dims: part of the key by value, never symbolic sizes.

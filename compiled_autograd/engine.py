@@ -95,28 +95,52 @@ class GraphTask:
         self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
-        self.dependencies = {}
+        self._dependencies = None
         self.nodes = []          # every reachable node, discovery order
+        self.index = {}          # node -> its rank in discovery (first sight) order
+        self.edges = []          # per node: ((rank, input_nr) or None per next function)
+        self._ranked = []        # the nodes in rank order
         self.exec_info = None    # node -> needed (only when inputs are given)
         self.captures = {}       # (node, input_nr) -> capture index
         self._discover([fn for (fn, _), _ in roots])
 
     def _discover(self, root_fns):
-        deps, seen, stack = self.dependencies, set(), []
+        """Every node reachable from the roots (depth first), each node's rank (the
+        order of first sight) and its edges as (rank, input_nr)."""
+        index, stack, nodes, all_edges = self.index, [], self.nodes, self.edges
+        ranked = self._ranked
         for fn in root_fns:
-            if fn not in seen:
-                seen.add(fn)
+            if fn not in index:
+                index[fn] = len(ranked)
+                ranked.append(fn)
                 stack.append(fn)
         while stack:
             fn = stack.pop()
-            self.nodes.append(fn)
-            for nxt, _ in fn.next_functions:
+            nodes.append(fn)
+            edges = []
+            for nxt, nr in fn.next_functions:
                 if nxt is None:
+                    edges.append(None)
                     continue
-                deps[nxt] = deps.get(nxt, 0) + 1
-                if nxt not in seen:
-                    seen.add(nxt)
+                rank = index.get(nxt)
+                if rank is None:
+                    rank = index[nxt] = len(ranked)
+                    ranked.append(nxt)
                     stack.append(nxt)
+                edges.append((rank, nr))
+            all_edges.append(edges)
+
+    @property
+    def dependencies(self) -> dict:
+        """node -> the number of edges into it (only the walks need it)."""
+        if self._dependencies is None:
+            counts = [0] * len(self._ranked)
+            for edges in self.edges:
+                for edge in edges:
+                    if edge is not None:
+                        counts[edge[0]] += 1
+            self._dependencies = {fn: n for fn, n in zip(self._ranked, counts) if n}
+        return self._dependencies
 
     def restrict_to(self, input_edges, execute_leaf_inputs):
         """Mark the nodes needed to reach ``input_edges``; capture at those edges."""

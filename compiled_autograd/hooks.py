@@ -52,6 +52,7 @@ def _node_hook_dict(node, attr, key=None):
     if d is None:
         d = {} if key is not None else HookDict()
         node.__dict__[attr] = d
+        node.__dict__["_hooked"] = True   # a cheap "may have hooks" for the hot walks
     if key is None:
         return d
     return d.setdefault(key, HookDict())

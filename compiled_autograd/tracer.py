@@ -18,7 +18,7 @@ from compiled_autograd import hooks as _hooks
 from compiled_autograd.compiled_args import (_INDEX_PARAMS, CompiledNodeArgs,
                                              SwapSavedVariables)
 from compiled_autograd.graph import BOXED, Graph
-from compiled_autograd.node import AccumulateGrad
+from compiled_autograd.node import AccumulateGrad, PrimBackward
 from compiled_autograd.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.tensor import Tensor
 
@@ -293,35 +293,45 @@ def _retainer(ref):
 
 # -------------------------------------------------------------- the two walks
 
-def collect(task, roots):
+def collect(task, roots, record=True):
     """The key and runtime values of this backward. Nodes are visited in the graph
-    task's discovery order (a deterministic walk of the structure; runtime values
-    are found again by identity, so the trace may visit in eager's order)."""
-    args = CompiledNodeArgs()
-    args.collect(("roots", tuple((args.node_id(fn), nr, np.asarray(g).dtype.str)
+    task's discovery order (a deterministic walk of the structure) and named by
+    their rank in it; runtime values are found again by identity, so the trace may
+    visit in eager's order. ``record=False`` (a cache hit) skips noting where each
+    value sits, which only the tracer needs."""
+    args = CompiledNodeArgs(record)
+    index = task.index
+    args.collect(("roots", tuple((index[fn], nr, np.asarray(g).dtype.str)
                                  for (fn, nr), g in roots)))
     for i, (_, g) in enumerate(roots):
         args.collect_sizes((np.shape(g),), owner=("root", i))
     captures = task.captures
     if captures:
-        args.collect(("captures", tuple(sorted((args.node_id(fn), nr, tuple(idx))
+        args.collect(("captures", tuple(sorted((index[fn], nr, tuple(idx))
                                                for (fn, nr), idx in captures.items()))))
     captured_fns = {fn for fn, _ in captures}
     exec_info = task.exec_info
     has_hooks = _hooks.has_hooks
-    for fn in task.nodes:
-        runs = exec_info is None or exec_info.get(fn, False)
-        if not runs and fn not in captured_fns:
-            continue
+    key = args.key
+    runs = True
+    for fn, edges in zip(task.nodes, task.edges):
+        if exec_info is not None:
+            # Not every node runs: the key says which (by rank) and whether.
+            runs = exec_info.get(fn, False)
+            if not runs and fn not in captured_fns:
+                continue
+            key.append(("node", index[fn], runs))
         args.node = fn
-        args.collect(("node", args.node_id(fn), runs))
-        if has_hooks(fn) or fn.__dict__.get("_post_hooks"):
+        d = fn.__dict__
+        if "_hooked" in d or ("variable" in d and has_hooks(fn)):
             for kind, nr, h in node_hooks(fn):
                 if runs or kind == "tensor_pre_hook":
                     args.collect_hook(kind, nr, h)
         if runs:
             fn.compiled_args(args)
-            args.collect_edges(fn)
+            if not isinstance(fn, PrimBackward):
+                args.release_nodes.append(fn)
+            key.append(("edges", tuple(edges)))
     return args
 
 

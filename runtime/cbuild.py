@@ -10,12 +10,22 @@ process finds the library and loads it without compiling. Two processes building
 the same source at once each write a private temporary file and ``os.replace`` it
 into place, which is atomic: both end with the same complete library.
 
-Matrix products call OpenBLAS through ``scipy-openblas32`` (a wheel that ships the
-library and its headers for exactly this use; its symbols carry a ``scipy_`` prefix,
-so they never clash with numpy's own OpenBLAS).
+Matrix products call the OpenBLAS that numpy itself uses: numpy's wheels bundle
+``scipy-openblas64`` (symbols ``scipy_cblas_sgemm64_``..., 64-bit ints), and linking
+the generated library against that same file means one BLAS and one thread pool in
+the process (two OpenBLAS copies, each with its own spinning threads, slowed each
+other down). A numpy without a bundled OpenBLAS (conda, a source build) falls back
+to the ``scipy-openblas32`` wheel if it is installed. The generated C declares the
+two prototypes it calls itself, so no BLAS header is needed.
 
 A missing compiler or a failed build raises ``CBuildError`` naming the command and
 quoting the compiler's stderr.
+
+Arrays are handed to the generated code as the addresses of their ndarray objects
+(``id(arr)``: a few nanoseconds each, against about a microsecond for
+``arr.ctypes.data``); the C reads each data pointer at ``array_data_offset()``, the
+place of ``data`` in numpy's public ``PyArrayObject_fields`` (right after the
+object header). The offset is found on real arrays, not assumed.
 """
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 WARNING_FLAGS = ("-Wall", "-Wextra")
@@ -34,6 +45,28 @@ OPT_FLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
+
+
+_data_offset = None
+
+
+def array_data_offset() -> int:
+    """The byte offset of the data pointer inside an ndarray object, checked on
+    three arrays (found at the first pointer slot where all three agree)."""
+    global _data_offset
+    if _data_offset is None:
+        import numpy as np
+        probes = [np.empty(1, np.uint8), np.empty((2, 3), np.float64), np.arange(4.0)[1:]]
+        word = ctypes.sizeof(ctypes.c_void_p)
+        for offset in range(word, 8 * word, word):  # the struct's first fields only
+            if all(ctypes.c_void_p.from_address(id(a) + offset).value == a.ctypes.data
+                   for a in probes):
+                _data_offset = offset
+                break
+        else:
+            raise CBuildError("cannot find the data pointer inside a numpy array object; "
+                              "the C backend needs it to hand arrays to generated code")
+    return _data_offset
 
 
 class CBuildError(RuntimeError):
@@ -58,14 +91,43 @@ def compiler() -> str:
     return os.environ.get("CC", "cc")
 
 
-def blas():
-    """(include dir, library dir, library name) of scipy-openblas32."""
+@dataclass(frozen=True)
+class Blas:
+    """The BLAS the generated code links: where, and its symbol and int names."""
+    name: str
+    lib_dir: str
+    link: str            # the -l argument
+    sgemm: str
+    dgemm: str
+    int_type: str        # the C type of its sizes
+
+
+_blas = None
+
+
+def blas() -> Blas:
+    """numpy's bundled OpenBLAS, else the scipy-openblas32 wheel."""
+    global _blas
+    if _blas is None:
+        _blas = _find_blas()
+    return _blas
+
+
+def _find_blas(bundled_first=True) -> Blas:
+    import numpy as np
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    bundled = sorted(libs.glob("libscipy_openblas64_*.so*")) if bundled_first else []
+    if bundled:
+        lib = bundled[0]
+        return Blas("numpy's scipy-openblas64", str(libs), f":{lib.name}",
+                    "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "int64_t")
     try:
         import scipy_openblas32 as sob
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise CBuildError("the C backend needs the scipy-openblas32 package "
-                          "(pip install scipy-openblas32)") from e
-    return sob.get_include_dir(), sob.get_lib_dir(), sob.get_library()
+    except ImportError:
+        raise CBuildError("the C backend needs an OpenBLAS: this numpy does not bundle one; "
+                          "pip install scipy-openblas32") from None
+    return Blas("scipy-openblas32", sob.get_lib_dir(), sob.get_library(),
+                "scipy_cblas_sgemm", "scipy_cblas_dgemm", "int")
 
 
 def env_flags() -> list[str]:
@@ -75,10 +137,10 @@ def env_flags() -> list[str]:
 
 
 def command(src: str, out: str, extra=()) -> list[str]:
-    include, libdir, lib = blas()
+    lib = blas()
     return (shlex.split(compiler()) + list(OPT_FLAGS) + list(WARNING_FLAGS) + env_flags()
-            + list(extra) + [f"-I{include}", src, "-o", out, f"-L{libdir}", f"-l{lib}",
-                             f"-Wl,-rpath,{libdir}", "-lm"])
+            + list(extra) + [src, "-o", out, f"-L{lib.lib_dir}", f"-l{lib.link}",
+                             f"-Wl,-rpath,{lib.lib_dir}", "-lm"])
 
 
 def library_path(source: str, extra=()) -> Path:
@@ -121,6 +183,5 @@ def load(path: Path) -> ctypes.CDLL:
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
-            blas()  # make sure OpenBLAS itself is importable first
             lib = _loaded[key] = ctypes.CDLL(key)
         return lib

@@ -428,3 +428,47 @@ def test_arena_plan_on_random_intervals():
         assert plan.size >= plan.lower_bound == arena.lower_bound(buffers)
         assert plan.size <= plan.total
         _assert_no_overlap(buffers, plan)
+
+
+# ---------------------------------------------------------------- 7. BLAS and handing arrays over
+
+def test_data_pointer_offset_reads_every_kind_of_array():
+    import ctypes
+    offset = cbuild.array_data_offset()
+    base = np.arange(24.0).reshape(4, 6)
+    for arr in (base, base[1:, 2:], base.T, np.empty(0, np.float32), np.float32(3) * np.ones(5)):
+        assert ctypes.c_void_p.from_address(id(arr) + offset).value == arr.ctypes.data
+
+
+@needs_cc
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_generated_code_shares_numpys_openblas(cache):
+    """One BLAS (one thread pool) in the process: the library links numpy's own."""
+    lib = cbuild.blas()
+    if not lib.name.startswith("numpy"):
+        pytest.skip(f"this numpy bundles no OpenBLAS ({lib.name} is used)")
+    ex = build("mlp", **MLP)
+    _on_c(ex.loss().backward)
+    maps = Path("/proc/self/maps").read_text()
+    openblas = {line.split()[-1] for line in maps.splitlines() if "openblas" in line}
+    assert len(openblas) == 1 and Path(openblas.pop()).parent == Path(lib.lib_dir).resolve()
+
+
+@needs_cc
+def test_scipy_openblas32_fallback_gives_eager_gradients(cache, monkeypatch):
+    pytest.importorskip("scipy_openblas32")
+    monkeypatch.setattr(cbuild, "_blas", cbuild._find_blas(bundled_first=False))
+    assert cbuild.blas().name == "scipy-openblas32"
+
+    def run(compiled, dtype):
+        rng = np.random.default_rng(1)
+        x, w = (ca.tensor(rng.standard_normal(s), dtype=dtype, requires_grad=True)
+                for s in ((6, 5), (4, 5)))
+        loss = ca.nn.functional.linear(x, w).tanh().sum()
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return x.grad.numpy(), w.grad.numpy()
+    for dtype, rtol in ((np.float32, 1e-5), (np.float64, 1e-10)):
+        for c, e in zip(run(True, dtype), run(False, dtype)):
+            np.testing.assert_allclose(c, e, rtol=rtol, atol=rtol)
+    code = CBackward(ca.trace_backward(build("mlp", **MLP).loss()).graph, build=False).c_code
+    assert "#define ca_sgemm scipy_cblas_sgemm\n" in code

@@ -495,3 +495,14 @@ def test_dynamic_sweep_over_stack_dims_and_size_one():
             expected = x.detach().requires_grad_()
             (expected @ w.detach()).tanh().sum().backward()
             assert_matches(x.grad.numpy(), expected.grad.numpy())
+
+
+def test_custom_function_saved_values_are_released_after_a_compiled_backward():
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    y = ca.tensor([3.0, 4.0], requires_grad=True)
+    loss = _custom_function(2.0).apply(x, y).sum()
+    with ca.compiled_backward(backend=BACKEND):
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+    assert_matches(x.grad.numpy(), [2 * 3.0 + 0.5, 2 * 4.0 + 0.5])

@@ -110,3 +110,53 @@ def test_node_api():
     # One AccumulateGrad per leaf while the graph lives.
     c = a * 3
     assert c.grad_fn.next_functions[0][0] is acc_a
+
+
+def _collect_both_ways(loss, inputs=None):
+    from compiled_autograd import engine, tracer
+    roots = engine._make_root_grads([loss], None, False)
+    edges = None if inputs is None else engine._edges_of(inputs, "inputs")
+    out = []
+    for record in (True, False):
+        task = engine.make_task(roots, keep_graph=True, create_graph=False, input_edges=edges,
+                                accumulate=inputs is None)
+        out.append(tracer.collect(task, roots, record=record))
+    return out
+
+
+@pytest.mark.parametrize("case", ["mlp", "checkpointed", "hooked", "partial"])
+def test_cache_hit_collection_equals_the_recording_one(case):
+    """A cache hit collects without noting positions (record=False); it must
+    collect exactly what the recording collection (the one traced) does."""
+    from compiled_autograd.examples import build
+    inputs = None
+    if case in ("mlp", "checkpointed"):
+        ex = build("mlp", layers=3, width=8, batch=4,
+                   checkpoint="layer" if case == "checkpointed" else "none")
+        loss = ex.loss()
+    else:
+        a = ca.randn(3, requires_grad=True)
+        b = ca.randn(3, requires_grad=True)
+        x = a * b
+        x.register_hook(lambda g: g * 2)
+        x.grad_fn.register_prehook(lambda gs: None)
+        loss = (x.exp() * 1.5).sum()
+        inputs = [a] if case == "partial" else None
+    recorded, fast = _collect_both_ways(loss, inputs)
+    assert recorded.freeze() == fast.freeze()
+    assert recorded.sizes == fast.sizes and recorded.scalars == fast.scalars
+    assert [id(v) for v in recorded.inputs] == [id(v) for v in fast.inputs]
+    assert recorded.hooks == fast.hooks and recorded.packed_data == fast.packed_data
+    assert recorded.saved == fast.saved and recorded.release_nodes == fast.release_nodes
+    assert not fast.slot and not fast.size_pos and recorded.slot and recorded.size_pos
+
+
+def test_a_removed_hook_leaves_the_key_of_an_unhooked_graph():
+    def key(hook):
+        x = ca.randn(3, requires_grad=True)
+        y = x.exp()
+        if hook:
+            y.register_hook(lambda g: g).remove()
+            y.grad_fn.register_prehook(lambda gs: None).remove()
+        return _collect_both_ways(y.sum())[1].freeze()
+    assert key(True) == key(False)
