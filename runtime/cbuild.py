@@ -30,6 +30,7 @@ object header). The offset is found on real arrays, not assumed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shlex
@@ -41,7 +42,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WARNING_FLAGS = ("-Wall", "-Wextra")
-OPT_FLAGS = ("-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c11")
+# -fno-trapping-math: nothing reads the floating-point exception flags, and without
+# it GCC will not turn the selects of the inline exp/erf into vector blends.
+# (-std=c11 keeps -ffp-contract=off: no a*b+c is fused behind numpy's back.)
+OPT_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
+
+
+@functools.cache
+def cpu_identity():
+    """The host CPU's model name and feature flags (Linux ``/proc/cpuinfo``), or
+    None where they cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break                      # the first processor is enough
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    flags = fields.get("flags") or fields.get("Features")
+    return None if not flags else f"{fields.get('model name', '')}|{flags}"
+
+
+def arch_flags() -> list[str]:
+    """``-march=native`` where the CPU can be identified: its identity is part of
+    the library's hash, so a cache shared between machines never hands code built
+    for one CPU to another. Elsewhere, the compiler's generic target."""
+    return ["-march=native"] if cpu_identity() else []
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -138,14 +167,16 @@ def env_flags() -> list[str]:
 
 def command(src: str, out: str, extra=()) -> list[str]:
     lib = blas()
-    return (shlex.split(compiler()) + list(OPT_FLAGS) + list(WARNING_FLAGS) + env_flags()
+    return (shlex.split(compiler()) + list(OPT_FLAGS) + arch_flags() + list(WARNING_FLAGS)
+            + env_flags()
             + list(extra) + [src, "-o", out, f"-L{lib.lib_dir}", f"-l{lib.link}",
                              f"-Wl,-rpath,{lib.lib_dir}", "-lm"])
 
 
 def library_path(source: str, extra=()) -> Path:
     cmd = command("SRC", "OUT", extra)
-    digest = hashlib.sha256("\0".join(cmd + [source]).encode()).hexdigest()[:32]
+    digest = hashlib.sha256("\0".join(cmd + [cpu_identity() or "", source]).encode()
+                            ).hexdigest()[:32]
     return cache_dir() / f"ca_{digest}.so"
 
 

@@ -28,7 +28,7 @@ def _(ctx, g):
 
 
 @prim("exp", meta=same_meta, save=("out",),
-      c_template="exp({{ a }})")
+      c_template="ca_exp({{ a }})")
 def exp(x):
     return as_array(np.exp(x))
 
@@ -139,7 +139,7 @@ def _(ctx, g):
 
 
 @prim("erf", meta=same_meta, save=(0,),
-      c_template="erf({{ a }})")
+      c_template="ca_erf({{ a }})")
 def erf(x):
     return _erf(np.asarray(x))
 
