@@ -93,6 +93,7 @@ class Site:
         self.kind = node.target if node is not None else "release"
         self.step = 0
         self.release: list = []       # storages Python drops before running it
+        self.alloc: list = []         # "out" storages Python allocates at this callback
 
 
 class CProgram:
@@ -369,6 +370,12 @@ class Emitter:
         if node.users:
             if node.meta.get("shape") is not None:       # one array
                 v = self.fresh(node, kind="ext")
+                strides = node.meta.get("strides")
+                if strides is not None and strides != v.storage.strides:
+                    # An unpacked value comes back in the layout it was saved in
+                    # (a recomputed transpose, a slice): read it there, no copy.
+                    v.storage.strides = strides
+                    v = v.with_layout(v.shape, strides, 0)
                 site.results.append((None, v))
                 self.vals[node] = v
             else:                                         # a tuple: its items
@@ -444,6 +451,24 @@ class Emitter:
         self.prog.arena_storages = kept
         return {b.name: root(b).name for b in alias}
 
+    def _allocate_outputs_late(self):
+        """An output array (a gradient for ``.grad``) is allocated by Python at the
+        last callback before its first write, not all at the start: with hooks
+        (a checkpointed backward) gradients appear as the backward reaches them,
+        as in the Python backend. Returns the storages allocated late."""
+        sites = sorted(self.prog.sites, key=lambda site: site.step)
+        lazy = set()
+        for s in self.prog.out_storages:
+            before = [site for site in sites if site.step < s.first]
+            if before:
+                site = before[-1]
+                site.alloc.append(s)
+                lazy.add(s)
+                # after the callback itself (same step, emitted later: stable sort)
+                self.stmts.append((site.step, "", f"{s.name} = ({ctype(s.dtype)} *)"
+                                                  f"CA_DATA(out[{s.index}]);"))
+        return lazy
+
     def finish(self):
         prog = self.prog
         prog.dynamic = any(not isinstance(s.nbytes, int) for s in prog.arena_storages)
@@ -461,6 +486,7 @@ class Emitter:
                 prog.sites.append(site)
                 self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
                                    f"  /* release: {len(dying[step])} array(s) past last use */"))
+        lazy = self._allocate_outputs_late()
         renames = self._reuse_dying_inputs()
         if not prog.dynamic:
             prog.plan = arena_plan.plan([(s.nbytes, s.first, s.last)
@@ -472,7 +498,8 @@ class Emitter:
         for i, s in enumerate(prog.arena_storages):
             decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)(arena + {offsets[i]});")
         for s in prog.out_storages:
-            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);")
+            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL;" if s in lazy else
+                         f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);")
         for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
             decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(in[{j}]);")
         for s in prog.ext_storages:

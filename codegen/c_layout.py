@@ -103,12 +103,15 @@ class Storage:
     "ext" (an array a callback returned). ``first``/``last``: the steps that write it
     and last read it."""
 
-    __slots__ = ("kind", "index", "dtype", "nbytes", "first", "last", "shape")
+    __slots__ = ("kind", "index", "dtype", "nbytes", "first", "last", "shape", "strides")
 
-    def __init__(self, kind, index, dtype, shape, first):
+    def __init__(self, kind, index, dtype, shape, first, strides=None):
         self.kind, self.index, self.dtype, self.shape = kind, index, np.dtype(dtype), shape
         self.nbytes = mul(prod(shape), self.dtype.itemsize)
         self.first = self.last = first
+        # The element strides of the array Python holds: contiguous, except for an
+        # "ext" array a callback returns strided (read in place, not copied).
+        self.strides = contiguous_strides(shape) if strides is None else tuple(strides)
 
     @property
     def name(self) -> str:
@@ -144,12 +147,21 @@ class Val:
         return Val(self.storage, self.dtype, shape, strides, offset)
 
     def numpy(self, base: np.ndarray, sizes) -> np.ndarray:
-        """This window as a numpy view of ``base`` (the storage's array)."""
-        flat = base.reshape(-1).view(self.dtype) if base.dtype != self.dtype else base.reshape(-1)
+        """This window as a numpy view of ``base`` (the storage's array; strides
+        and offset count elements from its first element, whatever its layout)."""
         shape = tuple(value_of(d, sizes) for d in self.shape)
         strides = tuple(value_of(s, sizes) * self.dtype.itemsize for s in self.strides)
-        offset = value_of(self.offset, sizes)
-        return np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=strides)
+        offset = value_of(self.offset, sizes) * self.dtype.itemsize
+        return np.asarray(_Window(base, base.ctypes.data + offset, shape, strides, self.dtype))
+
+
+class _Window:
+    """A numpy view at an address inside ``base`` (kept alive by the view)."""
+
+    def __init__(self, base, address, shape, strides, dtype):
+        self.base = base
+        self.__array_interface__ = {"data": (address, False), "shape": shape,
+                                    "strides": strides, "typestr": dtype.str, "version": 3}
 
 
 # ---------------------------------------------------------------- views

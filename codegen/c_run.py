@@ -33,7 +33,7 @@ _P = ctypes.c_void_p
 
 
 class _Frame:
-    __slots__ = ("py", "store", "arena", "outs", "sizes", "error", "flushed")
+    __slots__ = ("py", "store", "arena", "outs", "out_objs", "sizes", "error", "flushed")
 
 
 class CBackward:
@@ -81,6 +81,8 @@ class CBackward:
         self._whole = [_whole(v) for _, _, v in prog.accumulations]
         self._out_shapes = [s.shape if all(isinstance(d, int) for d in s.shape) else None
                             for s in prog.out_storages]
+        late = {s for site in prog.sites for s in site.alloc}
+        self._outs_at_start = [s for s in prog.out_storages if s not in late]
         self._pyrefs = [(node, box, i, box not in ("sizes", "scalars"))
                         for node, (box, i) in prog.pyrefs.items()]
         self._plans: dict = {}
@@ -143,10 +145,22 @@ class CBackward:
             accumulate_into(frame.py[variable], self._resolve(frame, v, False, self._whole[k]),
                             owned=self._owned[k])
 
+    def _allocate(self, frame, storages):
+        """The output arrays of ``storages``, handed to C through ``out[]``."""
+        for s in storages:
+            shape = self._out_shapes[s.index]
+            arr = np.empty(shape if shape is not None else
+                           tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
+            if memory.active():
+                memory.on_array(arr, "c_output", "gradient")
+            frame.outs[s.index] = arr
+            frame.out_objs[s.index] = id(arr)
+
     def _on_callback(self, index, results):
         frame = self._frames[-1]
         try:
             site = self.prog.sites[index]
+            self._allocate(frame, site.alloc)
             self._flush(frame, site.step)
             for s in site.release:
                 frame.store.pop(s, None)
@@ -181,9 +195,16 @@ class CBackward:
             raise RuntimeError(f"compiled C backward: {what} gave a {arr.dtype} tensor of shape "
                                f"{list(arr.shape)}, but the backward was compiled for "
                                f"{v.dtype} {list(shape)}")
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-            memory.on_array(arr, f"{what}:contiguous")
+        layout = tuple(value_of(st, sizes) * arr.itemsize for st in v.storage.strides)
+        if arr.size > 1 and any(n > 1 and a != b for n, a, b in zip(arr.shape, arr.strides,
+                                                                   layout)):
+            # Not the layout the C was compiled for: copy it into that layout.
+            extent = 1 + sum((n - 1) * st for n, st in zip(arr.shape, layout)) // arr.itemsize
+            copy = np.lib.stride_tricks.as_strided(np.empty(max(extent, 1), arr.dtype),
+                                                   arr.shape, layout)
+            copy[...] = arr
+            memory.on_array(copy.base, f"{what}:relaid")
+            arr = copy
         return arr
 
     # ------------------------------------------------------------ the call
@@ -216,16 +237,15 @@ class CBackward:
         arrays += self._consts
         plan = self._plan(frame.sizes)
         frame.arena = np.empty(max(plan.size, 1), np.uint8)
-        frame.outs = outs = [np.empty(shape if shape is not None else
-                                      tuple(value_of(d, frame.sizes) for d in s.shape), s.dtype)
-                             for s, shape in zip(prog.out_storages, self._out_shapes)]
         if memory.active():
             memory.on_array(frame.arena, "c_arena", "temporary")
-            for a in outs:
-                memory.on_array(a, "c_output", "gradient")
-        # The C reads each array's data pointer from its object (runtime.cbuild).
+        # The C reads each array's data pointer from its object (runtime.cbuild);
+        # the outputs allocated at a callback are filled in there.
+        n_out = len(prog.out_storages)
+        frame.outs = outs = [None] * n_out
+        frame.out_objs = out_objs = np.zeros(n_out, np.uintp)
+        self._allocate(frame, self._outs_at_start)
         in_objs = np.fromiter(map(id, arrays), np.uintp, len(arrays))
-        out_objs = np.fromiter(map(id, outs), np.uintp, len(outs))
         size_arr = np.asarray(frame.sizes, np.int64) if frame.sizes else None
         scalar_arr = np.asarray([float(s) for s in scalars], np.float64) if scalars else None
         offsets = (np.asarray(plan.offsets, np.int64) if prog.dynamic and plan.offsets
@@ -258,7 +278,7 @@ class CBackward:
 def _whole(v) -> bool:
     """Is ``v`` all of its (non-arena) storage, so no view needs building?"""
     return (v.storage.kind != "arena" and v.offset == 0 and v.shape == v.storage.shape
-            and v.is_contiguous())
+            and all(n == 1 or a == b for n, a, b in zip(v.shape, v.strides, v.storage.strides)))
 
 
 def storage_val(storage):

@@ -38,7 +38,7 @@ class SavedVariable:
 
     __slots__ = ("_tensor", "_data", "_version_counter", "saved_version", "is_output",
                  "_requires_grad", "_output_nr", "_grad_fn_name", "released", "shape",
-                 "dtype", "packed", "unpack_hook", "_grad_fn", "_leaf")
+                 "dtype", "packed", "unpack_hook", "_grad_fn", "_leaf", "strides")
 
     def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
         hooks = current_hooks()
@@ -69,6 +69,9 @@ class SavedVariable:
     def _init_hooked(self, tensor, is_output, hooks):
         pack, unpack = hooks
         self.shape, self.dtype = tensor.shape, tensor.dtype
+        # The layout the value had (bytes): a recomputation gives it again, so
+        # compiled code may read the unpacked value in place (codegen.c).
+        self.strides = tensor._data.strides
         self.is_output = is_output
         self.released = False
         self._output_nr = tensor._output_nr

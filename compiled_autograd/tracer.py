@@ -194,6 +194,7 @@ class Tracer:
                 hook = self.getitem("hooks", hook_i, name="hook")
                 packed = self.getitem("packed_data", packed_i, name="packed")
                 node = self.call_hook("unpack_hook", (hook, packed), shape, sv.dtype)
+                node.meta["strides"] = _element_strides(sv, shape)
             p = self._proxies[id(sv)] = Proxy(self, node)
         return p
 
@@ -212,6 +213,17 @@ class Tracer:
         """The getitem of the next unused slot holding ``hook``."""
         slots = self.collected.slot[("hook", id(hook))]
         return self.getitem("hooks", slots.pop(0), name="hook")
+
+
+def _element_strides(sv, shape):
+    """The saved value's strides in elements, where they describe a plain layout
+    (static sizes, no negative or partial-element strides), else None."""
+    strides = getattr(sv, "strides", None)
+    size = sv.dtype.itemsize
+    if strides is None or not all(type(d) is int for d in shape) or \
+            any(s < 0 or s % size for s in strides):
+        return None
+    return tuple(s // size for s in strides)
 
 
 def _graph_aval(a):
