@@ -85,6 +85,12 @@ def _used_as_array(node) -> bool:
     return False
 
 
+# A C function of more lines than this is split into parts compiled in parallel:
+# gcc's time grows a little faster than the function's length, and a machine's
+# cores can compile the parts at once.
+PART_LINES = 800
+
+
 class Site:
     """A callback into Python: a hook node, with how to find its arguments."""
 
@@ -100,7 +106,8 @@ class CProgram:
     """What ``generate`` returns: the source and everything the runner needs."""
 
     def __init__(self):
-        self.source = ""
+        self.source = ""              # all of the C (its translation units, joined)
+        self.sources: list = []       # the translation units: one, or a main and parts
         self.inputs: list = []        # (box index, Storage) arrays read from `inputs`
         self.consts: list = []        # (Storage, ndarray) constants of the graph
         self.pyrefs: dict = {}        # graph node -> (box name, index): Python objects
@@ -116,8 +123,9 @@ class CProgram:
 
 
 class Emitter:
-    def __init__(self, graph):
+    def __init__(self, graph, part_lines=PART_LINES):
         self.graph = graph
+        self.part_lines = part_lines
         self.prog = CProgram()
         self.vals: dict = {}
         self.stmts: list[tuple[int, str, str]] = []   # (step, source comment, C text)
@@ -494,18 +502,21 @@ class Emitter:
             offsets = [str(o) for o in prog.plan.offsets]
         else:
             offsets = [f"offsets[{i}]" for i in range(len(prog.arena_storages))]
-        decls = []
+        decls = []     # every pointer: its C type, name and initial value
+
+        def decl(storage, init, note=""):
+            decls.append({"type": ctype(storage.dtype), "name": storage.name, "init": init,
+                          "note": note})
         for i, s in enumerate(prog.arena_storages):
-            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)(arena + {offsets[i]});")
+            decl(s, f"({ctype(s.dtype)} *)(arena + {offsets[i]})")
         for s in prog.out_storages:
-            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL;" if s in lazy else
-                         f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);")
+            decl(s, "NULL" if s in lazy else f"({ctype(s.dtype)} *)CA_DATA(out[{s.index}])")
         for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
-            decls.append(f"{ctype(s.dtype)} *{s.name} = ({ctype(s.dtype)} *)CA_DATA(in[{j}]);")
+            decl(s, f"({ctype(s.dtype)} *)CA_DATA(in[{j}])")
         for s in prog.ext_storages:
             # (void): a result only Python reads (a gradient to accumulate, a hook's
             # argument) is set here but never read in C (-Wunused-but-set-variable)
-            decls.append(f"{ctype(s.dtype)} *{s.name} = NULL; (void){s.name};")
+            decl(s, "NULL", f" (void){s.name};")
         blocks, current = [], None
         current_source = ""
         for step, source, text in sorted(self.stmts, key=lambda t: t[0]):
@@ -521,13 +532,35 @@ class Emitter:
                 block["stmts"] = [pattern.sub(lambda m: renames[m.group(1)], t)
                                   for t in block["stmts"]]
         used = "\n".join(t for b in blocks for t in b["stmts"])
-        decls = [d for d in decls if re.search(rf"\b{d.split('*')[1].split()[0]}\b", used)]
-        prog.source = _ENV.get_template("backward.c.j2").render(
-            decls=decls, blocks=blocks, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas(),
-            uses={w: bool(re.search(rf"\b{w}\b", used))
-                  for w in ("sizes", "scalars", "cb", "in", "out", "arena", "offsets")})
+        decls = [d for d in decls if re.search(rf"\b{d['name']}\b", used)]
+        parts = _split(blocks, self.part_lines)
+        common = dict(decls=decls, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas())
+        prog.sources = [_ENV.get_template("backward.c.j2").render(
+            blocks=blocks, parts=parts if len(parts) > 1 else [], **common)]
+        if len(parts) > 1:
+            for k, part in enumerate(parts):
+                text = "\n".join(t for b in part for t in b["stmts"])
+                reads = [d for d in decls if re.search(rf"\b{d['name']}\b", text)]
+                writes = [d for d in reads if re.search(rf"(^|\n)\s*{d['name']} = ", text)]
+                prog.sources.append(_ENV.get_template("part.c.j2").render(
+                    index=k, blocks=part, reads=reads, writes=writes, **common))
+        prog.source = "\n".join(prog.sources)
         return prog
 
 
-def generate(graph) -> CProgram:
-    return Emitter(graph).run()
+def _split(blocks, max_lines):
+    """The blocks in consecutive parts of at most about ``max_lines`` lines of C
+    (a block is never cut), so that each part compiles as its own unit."""
+    parts, current, lines = [], [], 0
+    for block in blocks:
+        n = 1 + sum(t.count("\n") + 1 for t in block["stmts"])
+        if current and lines + n > max_lines:
+            parts.append(current)
+            current, lines = [], 0
+        current.append(block)
+        lines += n
+    return parts + [current] if current else parts
+
+
+def generate(graph, part_lines=PART_LINES) -> CProgram:
+    return Emitter(graph, part_lines).run()

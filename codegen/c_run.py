@@ -39,9 +39,9 @@ class _Frame:
 class CBackward:
     """The compiled function of backend "c"."""
 
-    def __init__(self, graph, build=True):
+    def __init__(self, graph, build=True, part_lines=None):
         self.graph = graph
-        self.prog = generate(graph)
+        self.prog = generate(graph) if part_lines is None else generate(graph, part_lines)
         self.c_code = self.prog.source
         self.build_seconds = 0.0
         self.built_now = False
@@ -55,7 +55,7 @@ class CBackward:
 
     def build(self):
         t0 = time.perf_counter()
-        path, self.built_now = cbuild.build(self.c_code)
+        path, self.built_now = cbuild.build(self.prog.sources)
         lib = cbuild.load(path)
         self.build_seconds = time.perf_counter() - t0
         self.library = path

@@ -314,7 +314,8 @@ def lookup(roots, input_edges, accumulate, options):
     values, look the key up, and on a miss trace and compile. This is all a cache
     hit costs before the compiled function runs."""
     task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
-    cache_key = (id(options.compiler), options.unpack, key)
+    # The compiler itself (not its id, which a freed callable hands on) is part of the key.
+    cache_key = (options.compiler, options.unpack, key)
     sizes, scalars = tuple(collected.sizes), collected.scalars
     family = _cache.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None

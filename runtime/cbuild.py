@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,9 @@ def cpu_identity():
 def arch_flags() -> list[str]:
     """``-march=native`` where the CPU can be identified: its identity is part of
     the library's hash, so a cache shared between machines never hands code built
-    for one CPU to another. Elsewhere, the compiler's generic target."""
-    return ["-march=native"] if cpu_identity() else []
+    for one CPU to another. Elsewhere, or with ``CA_C_NATIVE=0``, the compiler's
+    generic target."""
+    return ["-march=native"] if cpu_identity() and os.environ.get("CA_C_NATIVE", "1") == "1" else []
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -165,47 +167,86 @@ def env_flags() -> list[str]:
     return shlex.split(os.environ.get("CA_C_EXTRA_FLAGS", ""))
 
 
-def command(src: str, out: str, extra=()) -> list[str]:
-    lib = blas()
+def _flags(extra) -> list[str]:
     return (shlex.split(compiler()) + list(OPT_FLAGS) + arch_flags() + list(WARNING_FLAGS)
-            + env_flags()
-            + list(extra) + [src, "-o", out, f"-L{lib.lib_dir}", f"-l{lib.link}",
-                             f"-Wl,-rpath,{lib.lib_dir}", "-lm"])
+            + env_flags() + list(extra))
 
 
-def library_path(source: str, extra=()) -> Path:
+def _libs() -> list[str]:
+    lib = blas()
+    return [f"-L{lib.lib_dir}", f"-l{lib.link}", f"-Wl,-rpath,{lib.lib_dir}", "-lm"]
+
+
+def command(src: str, out: str, extra=()) -> list[str]:
+    """The command that builds one translation unit into a shared library."""
+    return _flags(extra) + [src, "-o", out] + _libs()
+
+
+def object_command(src: str, obj: str, extra=()) -> list[str]:
+    return _flags(extra) + ["-c", src, "-o", obj]
+
+
+def link_command(objs, out: str, extra=()) -> list[str]:
+    return _flags(extra) + list(objs) + ["-o", out] + _libs()
+
+
+def library_path(sources, extra=()) -> Path:
+    sources = [sources] if isinstance(sources, str) else list(sources)
     cmd = command("SRC", "OUT", extra)
-    digest = hashlib.sha256("\0".join(cmd + [cpu_identity() or "", source]).encode()
+    digest = hashlib.sha256("\0".join(cmd + [cpu_identity() or ""] + sources).encode()
                             ).hexdigest()[:32]
     return cache_dir() / f"ca_{digest}.so"
 
 
-def build(source: str, extra=()) -> tuple[Path, bool]:
-    """(path of the shared library, whether this call compiled it)."""
-    path = library_path(source, extra)
+def build(sources, extra=()) -> tuple[Path, bool]:
+    """(path of the shared library, whether this call compiled it). ``sources``: one
+    translation unit, or several, compiled at once (one process per core) and
+    linked into one library."""
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    path = library_path(sources, extra)
     if path.exists():
         return path, False
     directory = path.parent
-    fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=directory)
-    tmp_out = tmp_src[:-2] + ".so"
+    temps = []
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        cmd = command(tmp_src, tmp_out, extra)
-        if shutil.which(cmd[0]) is None:
-            raise CBuildError(f"C compiler not found: {cmd[0]!r} (set $CC, or install "
-                              f"a C compiler such as gcc); command: {shlex.join(cmd)}")
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise CBuildError(f"C compilation failed (exit code {done.returncode}): "
-                              f"{shlex.join(cmd)}\n{done.stderr.strip()}")
+        srcs = []
+        for source in sources:
+            fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=directory)
+            temps.append(tmp_src)
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            srcs.append(tmp_src)
+        tmp_out = srcs[0][:-2] + ".so"
+        temps.append(tmp_out)
+        if len(srcs) == 1:
+            _run([command(srcs[0], tmp_out, extra)])
+        else:
+            objs = [src[:-2] + ".o" for src in srcs]
+            temps += objs
+            _run([object_command(src, obj, extra) for src, obj in zip(srcs, objs)])
+            _run([link_command(objs, tmp_out, extra)])
         os.chmod(tmp_out, 0o600)
         os.replace(tmp_out, path)
     finally:
-        for leftover in (tmp_src, tmp_out):
+        for leftover in temps:
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return path, True
+
+
+def _run(commands) -> None:
+    """Run the commands at once (at most one per core); raise on the first failure."""
+    if shutil.which(commands[0][0]) is None:
+        raise CBuildError(f"C compiler not found: {commands[0][0]!r} (set $CC, or install "
+                          f"a C compiler such as gcc); command: {shlex.join(commands[0])}")
+    workers = max(1, min(len(commands), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True,
+                                                           text=True), commands))
+    for cmd, done in zip(commands, results):
+        if done.returncode != 0:
+            raise CBuildError(f"C compilation failed (exit code {done.returncode}): "
+                              f"{shlex.join(cmd)}\n{done.stderr.strip()}")
 
 
 def load(path: Path) -> ctypes.CDLL:

@@ -506,3 +506,19 @@ def test_custom_function_saved_values_are_released_after_a_compiled_backward():
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             loss.backward()
     assert_matches(x.grad.numpy(), [2 * 3.0 + 0.5, 2 * 4.0 + 0.5])
+
+
+def test_a_new_compiler_callable_never_hits_an_old_ones_entry():
+    """The cache is keyed by the compiler itself: a freed callable's id, handed on
+    to the next one, must not find the old compiled graph."""
+    from compiled_autograd.interpreter import Interpreter
+    calls = []
+    x = ca.randn(3, requires_grad=True)
+    for i in range(3):
+        def compiler(graph, i=i):
+            calls.append(i)
+            return Interpreter(graph)
+        with ca.compiled_backward(backend=compiler):
+            (x * 2).sum().backward()
+        del compiler
+    assert calls == [0, 1, 2]
