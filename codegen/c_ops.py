@@ -149,9 +149,12 @@ def _matmul(e, node):
     # b shared by every batch and a plain row-major: one gemm over all rows
     if batch and all(s == 0 for s in sb) and ta == "CblasNoTrans":
         dims, vecs = e.loop_nest(list(batch) + [M], [sa + [lda], so + [N]])
-        if len(dims) <= 1:
+        merged_lda = vecs[0][0] if dims else lda
+        # BLAS needs lda >= K: rows repeated by a broadcast (stride 0) cannot merge.
+        if len(dims) <= 1 and (not dims or dims[0] == 1 or not isinstance(merged_lda, int)
+                               or not isinstance(K, int) or merged_lda >= max(K, 1)):
             rows, batch, sa, sb, so = (dims[0] if dims else 1), (), [], [], []
-            lda = vecs[0][0] if dims else lda
+            lda = merged_lda if dims and dims[0] != 1 else lda
     fn, suffix = _gemm_prefix(out.dtype)
     names = [f"i{k}" for k in range(len(batch))]
     e.emit(_render("matmul.c.j2", fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),

@@ -152,6 +152,7 @@ class _Family:
     dynamic: set            # positions in ``sizes`` made symbolic
     entries: list           # (static (position, value) pairs, guards, CompiledBackward)
     last_sizes: tuple = ()
+    compiler: object = None  # kept alive: its id is in the key
 
     def lookup(self, sizes, scalars):
         for static, guards, entry in self.entries:
@@ -314,8 +315,9 @@ def lookup(roots, input_edges, accumulate, options):
     values, look the key up, and on a miss trace and compile. This is all a cache
     hit costs before the compiled function runs."""
     task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
-    # The compiler itself (not its id, which a freed callable hands on) is part of the key.
-    cache_key = (options.compiler, options.unpack, key)
+    # The compiler's id is part of the key; its family holds the compiler itself,
+    # so that id is never handed on to another callable while the entry exists.
+    cache_key = (id(options.compiler), options.unpack, key)
     sizes, scalars = tuple(collected.sizes), collected.scalars
     family = _cache.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None
@@ -338,7 +340,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
             _ensure_handler()
             log.info(_miss_reason(cache_key[-1]))
         dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if options.dynamic else set()
-        family = _Family(dynamic, [])
+        family = _Family(dynamic, [], compiler=options.compiler)
         with _cache_lock:
             _cache[cache_key] = family
     else:

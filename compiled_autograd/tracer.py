@@ -216,12 +216,16 @@ class Tracer:
 
 
 def _element_strides(sv, shape):
-    """The saved value's strides in elements, where they describe a plain layout
-    (static sizes, no negative or partial-element strides), else None."""
+    """The layout a checkpoint's recomputation gives the saved value back in: its
+    strides at pack time, in elements (static sizes, no negative or partial-element
+    strides), else None. Other unpack hooks (a reload from disk, a user's) return
+    arrays of their own making: no layout is promised, so none is recorded (a
+    compiled backward would have to copy them into it)."""
+    from compiled_autograd.checkpoint import _Holder
     strides = getattr(sv, "strides", None)
     size = sv.dtype.itemsize
-    if strides is None or not all(type(d) is int for d in shape) or \
-            any(s < 0 or s % size for s in strides):
+    if strides is None or not isinstance(sv.packed, _Holder) or \
+            not all(type(d) is int for d in shape) or any(s < 0 or s % size for s in strides):
         return None
     return tuple(s // size for s in strides)
 

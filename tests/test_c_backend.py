@@ -481,35 +481,57 @@ def test_scipy_openblas32_fallback_gives_eager_gradients(cache, monkeypatch):
 
 # ---------------------------------------------------------------- 8. memory: in place, late outputs
 
-def _transposed_saved(unpack):
-    """A backward whose saved value is a transposed view, under saved-tensor hooks."""
+def _transposed_saved(how):
+    """A backward whose saved value is a transposed view (x.t(), strides (1, 3)),
+    saved by a checkpoint or under identity saved-tensor hooks."""
+    from compiled_autograd.utils.checkpoint import checkpoint
     rng = np.random.default_rng(3)
     x = ca.tensor(rng.standard_normal((5, 3)), dtype=np.float32, requires_grad=True)
     w = ca.tensor(rng.standard_normal((5, 4)), dtype=np.float32, requires_grad=True)
-    with ca.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
-        y = (x.t() @ w).tanh()       # matmul saves x.t(), strides (1, 3)
+    if how == "checkpoint":
+        y = checkpoint(lambda a, b: (a.t() @ b).tanh(), x, w)
+    else:
+        with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            y = (x.t() @ w).tanh()
     return y.sum(), (x, w)
 
 
-@pytest.mark.parametrize("relaid", [False, True])
-def test_strided_unpacked_values_are_read_in_place(relaid):
-    """An unpacked value comes back in its saved layout and C reads it there; a
-    hook that returns another layout gets copied into the compiled one."""
-    unpack = ((lambda t: ca.tensor(np.ascontiguousarray(t.detach().numpy()))) if relaid
-              else (lambda t: t))
-    loss, leaves = _transposed_saved(unpack)
+@pytest.mark.parametrize("how", ["checkpoint", "hooks"])
+def test_recomputed_strided_values_are_read_in_place(how):
+    """A checkpoint's recomputation gives a saved value back in its saved layout, and
+    C reads it there. Other unpack hooks promise no layout: their arrays are copied
+    to contiguous ones (here the identity hook's transposed view)."""
+    loss, leaves = _transposed_saved(how)
     layouts = {n.meta["strides"] for n in ca.trace_backward(loss).graph.nodes
                if n.op == "call_hook" and n.target == "unpack_hook"}
-    assert (1, 3) in layouts                  # x.t(), saved as the transposed view
+    assert ((1, 3) in layouts) == (how == "checkpoint")
     loss.backward()
     expected = [t.grad.numpy().copy() for t in leaves]
-    loss, leaves = _transposed_saved(unpack)
+    loss, leaves = _transposed_saved(how)
     with ca.memory.profile(tracemalloc_witness=False) as prof:
         _on_c(loss.backward)
     for t, e in zip(leaves, expected):
         np.testing.assert_allclose(t.grad.numpy(), e, rtol=1e-5, atol=1e-6)
     names = [e.name for e in prof.timeline if e.action == "alloc"]
-    assert any(n.endswith(":relaid") for n in names) == relaid
+    assert any(n.endswith(":relaid") for n in names) == (how == "hooks")
+
+
+def test_offloaded_slice_of_a_large_tensor_costs_only_the_slice(tmp_path):
+    """A reloaded value is read as the contiguous array it comes back as: no copy
+    into the (large) layout it had when saved."""
+    from compiled_autograd.autograd.graph import save_on_disk
+    peaks = {}
+    for backend in ("python", "c"):
+        x = ca.tensor(np.random.default_rng(0).standard_normal((256, 4096)), dtype=np.float32)
+        w = ca.tensor(np.ones((256, 4), np.float32), requires_grad=True)
+        with save_on_disk(str(tmp_path)):
+            loss = (x[:, :4] * w).sum()          # saves a 4 KB slice, strides (4096, 1)
+        del x
+        with ca.memory.profile(tracemalloc_witness=False) as prof:
+            with ca.compiled_backward(backend=backend):
+                loss.backward()
+        peaks[backend] = prof.peak_bytes
+    assert peaks["c"] <= peaks["python"] + 64, peaks
 
 
 def test_gradients_are_allocated_as_the_backward_reaches_them():
@@ -556,3 +578,19 @@ def test_a_backward_split_into_parts_gives_the_same_gradients(cache):
     assert len(one) == 1 and len(many) > 5
     for a, b in zip(whole, split):
         np.testing.assert_array_equal(a, b)
+
+
+@needs_cc
+def test_matmul_with_one_row_and_a_broadcast_gradient(capfd):
+    """M == 1 and a gradient broadcast over the batch: the rows cannot merge into
+    one gemm (lda would be 0, which BLAS rejects, leaving the output unwritten)."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((3, 1, 4)).astype(np.float32)
+    W = rng.standard_normal((4, 5)).astype(np.float32)
+    C = rng.standard_normal((1, 5)).astype(np.float32)
+    x, w = ca.tensor(X, requires_grad=True), ca.tensor(W, requires_grad=True)
+    _on_c(((x @ w).sum(0) * ca.tensor(C)).sum().backward)
+    # d loss / d (x @ w) is C broadcast over the batch of 3
+    np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(C @ W.T, (3, 1, 4)), rtol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), X.sum(0).T @ C, rtol=1e-5)
+    assert "illegal value" not in capfd.readouterr().err

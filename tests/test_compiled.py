@@ -522,3 +522,20 @@ def test_a_new_compiler_callable_never_hits_an_old_ones_entry():
             (x * 2).sum().backward()
         del compiler
     assert calls == [0, 1, 2]
+
+
+def test_a_compiler_that_cannot_be_hashed():
+    from dataclasses import dataclass
+
+    from compiled_autograd.interpreter import Interpreter
+
+    @dataclass
+    class Compiler:            # a dataclass: __hash__ is None
+        name: str = "mine"
+
+        def __call__(self, graph):
+            return Interpreter(graph)
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    with ca.compiled_backward(backend=Compiler()):
+        (x * x).sum().backward()
+    assert_matches(x.grad.numpy(), [2.0, 4.0])

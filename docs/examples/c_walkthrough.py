@@ -1,7 +1,7 @@
 """The C backend, step by step: the generated C of a 2-layer MLP, its memory plan,
 and how callbacks keep unpacking progressive. Run from the repository root:
 
-    python docs/examples/c_walkthrough.py [mlp|plan|callbacks|run]
+    python docs/examples/c_walkthrough.py [mlp|plan|callbacks|run|parts]
 """
 import sys
 
@@ -60,6 +60,15 @@ def run():
               f"max |diff| / max |grad| vs python {diff:.1e}")
 
 
+def parts():
+    from codegen.c_run import CBackward
+    graph = ca.trace_backward(build("transformer").loss()).graph
+    fn = CBackward(graph, build=False)
+    print("translation units (lines):", [len(s.splitlines()) for s in fn.prog.sources])
+    fn.build()
+    print(f"built in {fn.build_seconds:.2f} s (compiled now: {fn.built_now})")
+
+
 if __name__ == "__main__":
-    {"mlp": mlp, "plan": plan, "callbacks": callbacks, "run": run}[
+    {"mlp": mlp, "plan": plan, "callbacks": callbacks, "run": run, "parts": parts}[
         sys.argv[1] if len(sys.argv) > 1 else "mlp"]()
