@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 import warnings
 
@@ -64,7 +65,7 @@ class CBackward:
         fn.restype = ctypes.c_int
         self.fn = fn
         self._callback = CALLBACK(self._on_callback)
-        self._frames: list[_Frame] = []
+        self._threads = threading.local()   # each thread's running calls (frames)
         prog = self.prog
         self._consts = [np.ascontiguousarray(a) for _, a in prog.consts]
         # An output array becomes .grad itself (no copy) when this accumulation is
@@ -157,7 +158,7 @@ class CBackward:
             frame.out_objs[s.index] = id(arr)
 
     def _on_callback(self, index, results):
-        frame = self._frames[-1]
+        frame = self._threads.frames[-1]
         try:
             site = self.prog.sites[index]
             self._allocate(frame, site.alloc)
@@ -209,20 +210,10 @@ class CBackward:
 
     # ------------------------------------------------------------ the call
 
-    def __call__(self, inputs, sizes, scalars, hooks, packed_data):
-        prog = self.prog
-        boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
-                 "packed_data": packed_data}
-        frame = _Frame()
-        frame.sizes, frame.error, frame.flushed = list(sizes), None, 0
-        py = frame.py = {}
-        for node, box, i, take in self._pyrefs:
-            container = boxes[box]
-            py[node] = container[i]
-            if take:
-                container[i] = None
-        store = frame.store = {}
-        arrays = []
+    def _take_inputs(self, frame):
+        """The input arrays, checked (C-contiguous, the traced shape and dtype),
+        in ``frame.store`` -- their only owner once the call starts."""
+        py, store, arrays = frame.py, frame.store, []
         for i, node, storage, shape, dtype, val in self._input_specs:
             arr = py[node]
             if type(arr) is not np.ndarray:
@@ -234,7 +225,22 @@ class CBackward:
             arrays.append(arr)
         for node in self._array_only:
             del py[node]     # the array in frame.store is all the call keeps
-        arrays += self._consts
+        return arrays
+
+    def __call__(self, inputs, sizes, scalars, hooks, packed_data):
+        prog = self.prog
+        boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
+                 "packed_data": packed_data}
+        frame = _Frame()
+        frame.sizes, frame.error, frame.flushed = list(sizes), None, 0
+        py = frame.py = {}
+        frame.store = {}
+        for node, box, i, take in self._pyrefs:
+            container = boxes[box]
+            py[node] = container[i]
+            if take:
+                container[i] = None
+        arrays = self._take_inputs(frame) + self._consts
         plan = self._plan(frame.sizes)
         frame.arena = np.empty(max(plan.size, 1), np.uint8)
         if memory.active():
@@ -246,19 +252,22 @@ class CBackward:
         frame.out_objs = out_objs = np.zeros(n_out, np.uintp)
         self._allocate(frame, self._outs_at_start)
         in_objs = np.fromiter(map(id, arrays), np.uintp, len(arrays))
+        n_in = len(arrays)
+        del arrays      # frame.store holds them, until their release callback
         size_arr = np.asarray(frame.sizes, np.int64) if frame.sizes else None
         scalar_arr = np.asarray([float(s) for s in scalars], np.float64) if scalars else None
         offsets = (np.asarray(plan.offsets, np.int64) if prog.dynamic and plan.offsets
                    else None)
-        self._frames.append(frame)
+        frames = self._threads.__dict__.setdefault("frames", [])
+        frames.append(frame)
         try:
-            rc = self.fn(in_objs.ctypes.data if arrays else None,
+            rc = self.fn(in_objs.ctypes.data if n_in else None,
                          out_objs.ctypes.data if outs else None, frame.arena.ctypes.data,
                          None if size_arr is None else size_arr.ctypes.data,
                          None if scalar_arr is None else scalar_arr.ctypes.data,
                          None if offsets is None else offsets.ctypes.data, self._callback)
         finally:
-            self._frames.pop()
+            frames.pop()
         if rc != 0:
             if frame.error is not None:
                 raise frame.error

@@ -300,11 +300,12 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
     try:
         from runtime import memory
         # As eager: the backward (and the hooks it calls) runs without grad mode.
+        inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
+        collected.inputs.clear()    # the boxed list is their only owner: freed on last use
         with set_grad_enabled(False), \
                 memory.category("gradient") if memory.active() else nullcontext():
-            out = entry.fn([g for _, g in roots] + collected.inputs + list(entry.constants),
-                           list(collected.sizes), list(collected.scalars), collected.hooks,
-                           collected.packed_data)
+            out = entry.fn(inputs, list(collected.sizes), list(collected.scalars),
+                           collected.hooks, collected.packed_data)
     finally:
         stack.pop()
     return list(out) if out is not None else []

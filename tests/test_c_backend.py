@@ -594,3 +594,26 @@ def test_matmul_with_one_row_and_a_broadcast_gradient(capfd):
     np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(C @ W.T, (3, 1, 4)), rtol=1e-5)
     np.testing.assert_allclose(w.grad.numpy(), X.sum(0).T @ C, rtol=1e-5)
     assert "illegal value" not in capfd.readouterr().err
+
+
+@needs_cc
+def test_two_threads_run_one_compiled_backward_with_callbacks():
+    """Callbacks find their own thread's call (each thread has its frames)."""
+    import threading
+    def run(results, i):
+        ex = build("mlp", layers=3, width=8, batch=4, checkpoint="layer")
+        for _ in range(5):
+            ex.zero_grad()
+            _on_c(ex.loss().backward)
+        results[i] = [p.grad.numpy().copy() for p in ex.parameters()]
+    results = {}
+    threads = [threading.Thread(target=run, args=(results, i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ex = build("mlp", layers=3, width=8, batch=4, checkpoint="layer")
+    ex.loss().backward()
+    for grads in results.values():
+        for g, p in zip(grads, ex.parameters()):
+            np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6)

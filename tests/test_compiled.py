@@ -539,3 +539,22 @@ def test_a_compiler_that_cannot_be_hashed():
     with ca.compiled_backward(backend=Compiler()):
         (x * x).sum().backward()
     assert_matches(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_saved_arrays_are_freed_during_the_backward():
+    """Each saved array is freed right after its last use, not when the backward
+    returns: by the time the leaf's hook runs, every one of them is gone."""
+    import weakref
+    x = ca.randn(64, requires_grad=True)
+    h = x
+    refs = []
+    for _ in range(4):
+        h = h.tanh()                     # TanhBackward saves its output
+        refs.append(weakref.ref(h.grad_fn.saved[0]._data))
+    loss = h.sum()
+    del h
+    seen = []
+    x.register_hook(lambda g: seen.append([r() is None for r in refs]))
+    with ca.compiled_backward(backend=BACKEND):
+        loss.backward()
+    assert seen == [[True] * 4]
