@@ -532,7 +532,8 @@ class Emitter:
                 block["stmts"] = [pattern.sub(lambda m: renames[m.group(1)], t)
                                   for t in block["stmts"]]
         used = "\n".join(t for b in blocks for t in b["stmts"])
-        decls = [d for d in decls if re.search(rf"\b{d['name']}\b", used)]
+        words = set(_WORD.findall(used))
+        decls = [d for d in decls if d["name"] in words]
         parts = _split(blocks, self.part_lines)
         common = dict(decls=decls, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas())
         prog.sources = [_ENV.get_template("backward.c.j2").render(
@@ -540,12 +541,17 @@ class Emitter:
         if len(parts) > 1:
             for k, part in enumerate(parts):
                 text = "\n".join(t for b in part for t in b["stmts"])
-                reads = [d for d in decls if re.search(rf"\b{d['name']}\b", text)]
-                writes = [d for d in reads if re.search(rf"(^|\n)\s*{d['name']} = ", text)]
+                words, assigned = set(_WORD.findall(text)), set(_ASSIGNED.findall(text))
+                reads = [d for d in decls if d["name"] in words]
+                writes = [d for d in reads if d["name"] in assigned]
                 prog.sources.append(_ENV.get_template("part.c.j2").render(
                     index=k, blocks=part, reads=reads, writes=writes, **common))
         prog.source = "\n".join(prog.sources)
         return prog
+
+
+_WORD = re.compile(r"\b\w+\b")
+_ASSIGNED = re.compile(r"^\s*(\w+) = ", re.M)   # a pointer set by a statement
 
 
 def _split(blocks, max_lines):

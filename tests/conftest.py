@@ -22,3 +22,13 @@ def _private_c_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CA_CACHE_DIR", str(tmp_path_factory.mktemp("ca_cache")))
         yield
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh, empty C build cache for this test."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CA_CACHE_DIR", str(path))
+    monkeypatch.delenv("CA_C_FALLBACK", raising=False)
+    monkeypatch.delenv("CA_C_EXTRA_FLAGS", raising=False)
+    return path

@@ -14,6 +14,22 @@ except ImportError:  # torch is an optional oracle
 needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
 
 
+def _has_cc():
+    import shutil
+
+    from runtime import cbuild
+    return shutil.which(cbuild.compiler().split()[0]) is not None
+
+
+needs_cc = pytest.mark.skipif(not _has_cc(), reason="no C compiler")
+
+
+def on_c(fn):
+    """Run ``fn`` (a backward) under the C backend."""
+    with ca.compiled_backward(backend="c"):
+        return fn()
+
+
 def run_ca(fn, arrays, grads, dtype=np.float32, upstream_seed=0):
     """Forward and backward in ca with a random upstream gradient. Returns
     (output array, [input grad arrays or None])."""
