@@ -101,8 +101,11 @@ class _Source:
         if node.op == "output":
             return dict(base, kind="output", result=self.value(node.args[0]))
         if node.op == "call_hook":
+            args = [self.value(a) for a in node.args]
+            if node.target == "accumulate_grad" and _fresh_and_only_here(node.args[1]):
+                args.append({"kind": "lit", "text": "True"})   # owned: becomes .grad as is
             return dict(base, kind="hook", target=node.target, has_value=_has_value(node),
-                        args=[self.value(a) for a in node.args])
+                        args=args)
         if node.target == "getitem":
             container, index = node.args
             if container.op == "placeholder":
@@ -113,6 +116,14 @@ class _Source:
         return dict(base, kind="prim", target=node.target,
                     args=[self.value(a) for a in node.args],
                     kwargs=[(k, self.value(v)) for k, v in node.kwargs.items()])
+
+
+def _fresh_and_only_here(value):
+    """A gradient that a non-view prim just made (a fresh array: only view prims
+    may alias their inputs) and that nothing else uses: the first accumulation
+    may keep it as ``.grad`` instead of copying it."""
+    return (isinstance(value, Node) and value.op == "call_function" and value.target in PRIMS
+            and not PRIMS[value.target].view and len(value.users) == 1)
 
 
 def _has_value(node):

@@ -239,7 +239,7 @@ def accumulate_into(variable, g, owned=False) -> None:
         variable.grad = ops.copy(g) if variable.grad is None else variable.grad + g
         return
     if variable.grad is None:
-        if owned and g.dtype == variable.dtype:
+        if owned and g.dtype == variable.dtype and g.flags.c_contiguous:
             stored = g
         else:
             stored = np.array(g, dtype=variable.dtype, order="C", copy=True)

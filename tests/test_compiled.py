@@ -558,3 +558,27 @@ def test_saved_arrays_are_freed_during_the_backward():
     with ca.compiled_backward(backend=BACKEND):
         loss.backward()
     assert seen == [[True] * 4]
+
+
+def test_a_fresh_gradient_becomes_dot_grad_without_a_copy_and_shared_ones_are_copied():
+    """The first accumulation keeps a gradient a prim just made as .grad; one that
+    reaches two leaves (add's backward hands both the same array) is copied, so
+    accumulating again into one never changes the other."""
+    def run(compiled):
+        rng = np.random.default_rng(0)
+        w = ca.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+        a = ca.tensor(rng.standard_normal((2, 4)), requires_grad=True)
+        b = ca.tensor(rng.standard_normal((2, 4)), requires_grad=True)
+        x = ca.tensor(rng.standard_normal((2, 3)))
+        with _maybe(compiled):
+            for _ in range(2):
+                ((x @ w) * (a + b)).sum().backward()
+        return [w.grad.numpy(), a.grad.numpy(), b.grad.numpy()]
+    _both(run)
+    if BACKEND == "python":
+        w = ca.randn(3, 4, requires_grad=True)
+        x = ca.randn(2, 3)
+        with ca.memory.profile(tracemalloc_witness=False) as prof:
+            with ca.compiled_backward(backend="python"):
+                (x @ w).sum().backward()
+        assert not [e for e in prof.timeline if e.name == "AccumulateGrad"]

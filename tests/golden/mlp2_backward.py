@@ -21,9 +21,9 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     sum = _k_sum(add, dims=(0,), keepdim=False); del add
     # AccumulateGrad
     leaf = inputs[6]; inputs[6] = None
-    _h_accumulate_grad(leaf, matmul_1); del leaf, matmul_1
+    _h_accumulate_grad(leaf, matmul_1, True); del leaf, matmul_1
     leaf_1 = inputs[5]; inputs[5] = None
-    _h_accumulate_grad(leaf_1, sum); del leaf_1, sum
+    _h_accumulate_grad(leaf_1, sum, True); del leaf_1, sum
     # TanhBackward
     saved_4 = inputs[7]; inputs[7] = None
     mul_3 = _k_mul(saved_4, saved_4); del saved_4
@@ -36,7 +36,7 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     sum_1 = _k_sum(mul_4, dims=(0,), keepdim=False); del mul_4
     # AccumulateGrad
     leaf_2 = inputs[10]; inputs[10] = None
-    _h_accumulate_grad(leaf_2, matmul_2); del leaf_2, matmul_2
+    _h_accumulate_grad(leaf_2, matmul_2, True); del leaf_2, matmul_2
     leaf_3 = inputs[9]; inputs[9] = None; del inputs
-    _h_accumulate_grad(leaf_3, sum_1); del leaf_3, sum_1
+    _h_accumulate_grad(leaf_3, sum_1, True); del leaf_3, sum_1
     return ()

@@ -25,9 +25,9 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     sum = _k_sum(add, dims=(0,), keepdim=False); del add
     # AccumulateGrad
     leaf = inputs[4]; inputs[4] = None
-    _h_accumulate_grad(leaf, matmul_1); del leaf, matmul_1
+    _h_accumulate_grad(leaf, matmul_1, True); del leaf, matmul_1
     leaf_1 = inputs[3]; inputs[3] = None
-    _h_accumulate_grad(leaf_1, sum); del leaf_1, sum
+    _h_accumulate_grad(leaf_1, sum, True); del leaf_1, sum
     # TanhBackward
     hook_2 = hooks[2]; hooks[2] = None
     packed_2 = packed_data[2]; packed_data[2] = None
@@ -44,7 +44,7 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     sum_1 = _k_sum(mul_4, dims=(0,), keepdim=False); del mul_4
     # AccumulateGrad
     leaf_2 = inputs[6]; inputs[6] = None
-    _h_accumulate_grad(leaf_2, matmul_2); del leaf_2, matmul_2
+    _h_accumulate_grad(leaf_2, matmul_2, True); del leaf_2, matmul_2
     leaf_3 = inputs[5]; inputs[5] = None; del inputs
-    _h_accumulate_grad(leaf_3, sum_1); del leaf_3, sum_1
+    _h_accumulate_grad(leaf_3, sum_1, True); del leaf_3, sum_1
     return ()
