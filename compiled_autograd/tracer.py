@@ -327,7 +327,6 @@ def collect(task, roots, record=True):
                                                for (fn, nr), idx in captures.items()))))
     captured_fns = {fn for fn, _ in captures}
     exec_info = task.exec_info
-    has_hooks = _hooks.has_hooks
     key = args.key
     runs = True
     for fn, edges in zip(task.nodes, task.edges):
@@ -339,13 +338,15 @@ def collect(task, roots, record=True):
             key.append(("node", index[fn], runs))
         args.node = fn
         d = fn.__dict__
-        if "_hooked" in d or ("variable" in d and has_hooks(fn)):
+        leaf = d.get("variable")     # an AccumulateGrad's: its hooks live on the tensor
+        if "_hooked" in d or (leaf is not None and (leaf._backward_hooks or
+                                                    leaf._post_accumulate_grad_hooks)):
             for kind, nr, h in node_hooks(fn):
                 if runs or kind == "tensor_pre_hook":
                     args.collect_hook(kind, nr, h)
         if runs:
             fn.compiled_args(args)
-            if not isinstance(fn, PrimBackward):
+            if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
                 args.release_nodes.append(fn)
             key.append(("edges", tuple(edges)))
     return args
