@@ -71,11 +71,9 @@ def post_acc_grad_hook(hook, variable):
                            f"hook '{_hook_name(hook)}' returned one")
 
 
-def accumulate_grad(variable, grad, owned=False):
-    """``owned``: the caller made ``grad`` and holds no other use of it."""
-    accumulate_into(variable, grad, owned=owned)
-
-
 CALL_HOOK = {"unpack_hook": unpack_hook, "tensor_pre_hook": tensor_pre_hook,
              "pre_hook": pre_hook, "post_hook": post_hook,
-             "post_acc_grad_hook": post_acc_grad_hook, "accumulate_grad": accumulate_grad}
+             "post_acc_grad_hook": post_acc_grad_hook,
+             # (variable, grad, owned=False): owned, the caller made grad and holds
+             # no other use of it
+             "accumulate_grad": accumulate_into}

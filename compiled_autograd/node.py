@@ -232,26 +232,39 @@ def accumulate_into(variable, g, owned=False) -> None:
     a fresh C-contiguous array nobody else holds); later ones are added in place,
     so ``.grad`` stays the same object. Under create_graph (Tensor gradients)
     accumulation is out of place and differentiable."""
-    from compiled_autograd.tensor import Tensor
-    if isinstance(g, Tensor):
+    Tensor = _tensor_class()
+    grad = variable.grad
+    if type(g) is not np.ndarray and isinstance(g, Tensor):
         # A copy (differentiable): g may be shared with another leaf or be the
         # caller's own gradient tensor.
-        variable.grad = ops.copy(g) if variable.grad is None else variable.grad + g
+        variable.grad = ops.copy(g) if grad is None else grad + g
         return
-    if variable.grad is None:
-        if owned and g.dtype == variable.dtype and g.flags.c_contiguous:
+    if grad is None:
+        dtype = variable._data.dtype
+        if owned and g.dtype == dtype and g.flags.c_contiguous:
             stored = g
         else:
-            stored = np.array(g, dtype=variable.dtype, order="C", copy=True)
+            stored = np.array(g, dtype=dtype, order="C", copy=True)
             on_array(stored, "AccumulateGrad")
         variable.grad = Tensor._make(stored)
-    elif variable.grad.requires_grad:
-        stored = np.add(variable.grad._data, g)
+    elif grad.requires_grad:
+        stored = np.add(grad._data, g)
         on_array(stored, "AccumulateGrad")
         variable.grad = Tensor._make(stored)
     else:
-        np.add(variable.grad._data, g, out=variable.grad._data, casting="same_kind")
-        variable.grad._version_counter.value += 1
+        np.add(grad._data, g, out=grad._data, casting="same_kind")
+        grad._version_counter.value += 1
+
+
+_tensor = []
+
+
+def _tensor_class():
+    """Tensor (imported on first use: tensor.py imports this module)."""
+    if not _tensor:
+        from compiled_autograd.tensor import Tensor
+        _tensor.append(Tensor)
+    return _tensor[0]
 
 
 def grad_accumulator(tensor) -> AccumulateGrad:
