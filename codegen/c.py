@@ -487,7 +487,8 @@ class Emitter:
         if prog.sites:
             dying: dict = {}
             for s in prog.ext_storages + [st for _, st in prog.inputs]:
-                dying.setdefault(s.last, []).append(s)
+                if s.last < n_steps - 1:     # one the output returns stays to the end
+                    dying.setdefault(s.last, []).append(s)
             for step in sorted(dying):
                 site = Site(len(prog.sites), None, [], [])
                 site.kind, site.step, site.release = "release", step + 0.5, dying[step]

@@ -106,11 +106,18 @@ def register_node_hook(node, hook):
     return handle
 
 
+def leaf_of(node):
+    """The tensor an AccumulateGrad accumulates into (its tensor hooks and
+    post-accumulate-grad hooks live on it), else None. Only AccumulateGrad: a
+    custom Function's ctx may well have an attribute called ``variable``."""
+    return node.variable if node.accumulates_grad else None
+
+
 def has_tensor_pre_hooks(node) -> bool:
     d = node.__dict__
     if d.get("_tensor_pre_hooks") or d.get("_retains_grad"):
         return True
-    variable = d.get("variable")
+    variable = leaf_of(node)
     return variable is not None and bool(variable._backward_hooks)
 
 
@@ -119,7 +126,7 @@ def has_hooks(node) -> bool:
     d = node.__dict__
     if d.get("_tensor_pre_hooks") or d.get("_retains_grad") or d.get("_pre_hooks"):
         return True
-    variable = d.get("variable")
+    variable = leaf_of(node)
     return variable is not None and bool(variable._backward_hooks or
                                          variable._post_accumulate_grad_hooks)
 

@@ -32,6 +32,7 @@ class Node:
 
     # AccumulateGrad runs as soon as it is ready (torch gives it the top priority).
     _priority = 1
+    accumulates_grad = False   # True for AccumulateGrad: its ``variable`` is a leaf
 
     def __init__(self, next_functions, input_metadata):
         self.next_functions = tuple(next_functions)
@@ -208,6 +209,7 @@ class AccumulateGrad(Node):
     """Sink of a leaf tensor: adds the incoming gradient into ``variable.grad``."""
 
     _priority = 0
+    accumulates_grad = True
 
     def __init__(self, variable):
         super().__init__((), ((variable.shape, variable.dtype),))

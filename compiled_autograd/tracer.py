@@ -276,7 +276,7 @@ def node_hooks(fn):
     node post-hooks."""
     d = fn.__dict__
     out = []
-    variable = d.get("variable")
+    variable = _hooks.leaf_of(fn)
     per_output = dict(d.get("_tensor_pre_hooks") or {})
     if variable is not None and variable._backward_hooks:
         per_output = {0: variable._backward_hooks}
@@ -338,7 +338,7 @@ def collect(task, roots, record=True):
             key.append(("node", index[fn], runs))
         args.node = fn
         d = fn.__dict__
-        leaf = d.get("variable")     # an AccumulateGrad's: its hooks live on the tensor
+        leaf = fn.variable if fn.accumulates_grad else None   # its hooks live on the tensor
         if "_hooked" in d or (leaf is not None and (leaf._backward_hooks or
                                                     leaf._post_accumulate_grad_hooks)):
             for kind, nr, h in node_hooks(fn):

@@ -582,3 +582,38 @@ def test_a_fresh_gradient_becomes_dot_grad_without_a_copy_and_shared_ones_are_co
             with ca.compiled_backward(backend="python"):
                 (x @ w).sum().backward()
         assert not [e for e in prof.timeline if e.name == "AccumulateGrad"]
+
+
+def test_autograd_grad_returns_a_hook_result_or_a_root_gradient():
+    """The returned gradient is a hook's array, or the incoming gradient itself."""
+    def run(compiled):
+        x = ca.tensor([0.0, 1.0, 2.0], requires_grad=True)
+        x.register_hook(lambda g: g * 3.0)
+        a = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        b = a.clone()
+        b.register_hook(lambda g: g)
+        with _maybe(compiled):
+            gx = ca.autograd.grad((x * x).sum(), [x])
+            gb = ca.autograd.grad(b, [b], grad_outputs=[ca.ones(3)])
+        return [g.numpy() for g in gx + gb]
+    _both(run)
+
+
+def test_a_custom_function_may_name_a_ctx_attribute_variable():
+    """Only AccumulateGrad's ``variable`` is a leaf whose hooks count."""
+    class Scale(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.variable = 5
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float(ctx.variable)
+
+    def run(compiled):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        with _maybe(compiled):
+            Scale.apply(x).sum().backward()
+        return [x.grad.numpy()]
+    assert _both(run)[0].tolist() == [5.0, 5.0]
