@@ -32,3 +32,12 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.delenv("CA_C_FALLBACK", raising=False)
     monkeypatch.delenv("CA_C_EXTRA_FLAGS", raising=False)
     return path
+
+
+@pytest.fixture
+def fresh_compiled_cache():
+    """An empty compiled-autograd cache and zeroed stats, before and after."""
+    import compiled_autograd as ca
+    ca.reset_compiled_autograd()
+    yield
+    ca.reset_compiled_autograd()

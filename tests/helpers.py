@@ -24,6 +24,11 @@ def _has_cc():
 needs_cc = pytest.mark.skipif(not _has_cc(), reason="no C compiler")
 
 
+# Small bundled models for the C backend's tests.
+MLP = dict(layers=2, width=8, batch=4)
+TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)
+
+
 def on_c(fn):
     """Run ``fn`` (a backward) under the C backend."""
     with ca.compiled_backward(backend="c"):

@@ -20,7 +20,7 @@ from codegen.c import generate
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.interpreter import Interpreter
-from helpers import needs_cc
+from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from op_cases import CASES, make_inputs
 from runtime import cbuild
@@ -28,15 +28,7 @@ from runtime.prims import PRIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "codegen" / "templates" / "c"
-MLP = dict(layers=2, width=8, batch=4)
-TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache():
-    ca.reset_compiled_autograd()
-    yield
-    ca.reset_compiled_autograd()
+pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
 
 def _fake_cc(tmp_path, body):

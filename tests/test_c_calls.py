@@ -11,19 +11,11 @@ import pytest
 import compiled_autograd as ca
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
-from helpers import needs_cc
+from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from runtime import cbuild
 
-MLP = dict(layers=2, width=8, batch=4)
-TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache():
-    ca.reset_compiled_autograd()
-    yield
-    ca.reset_compiled_autograd()
+pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
 
 # ---------------------------------------------------------------- 1. BLAS and handing arrays over
