@@ -27,6 +27,7 @@ from compiled_autograd import engine, passes, tracer
 from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.interpreter import Interpreter
 from compiled_autograd.symbolic import ShapeEnv, guards_hold
+from runtime import memory as _memory
 
 log = logging.getLogger("compiled_autograd")
 
@@ -298,13 +299,13 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
         stack = engine._running.stack = []
     stack.append(task)
     try:
-        from runtime import memory
-        # As eager: the backward (and the hooks it calls) runs without grad mode.
         inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
         collected.inputs.clear()    # the boxed list is their only owner: freed on last use
+        # As eager: the backward (and the hooks it calls) runs without grad mode.
+        # (The collected lists are the compiled function's own from here on.)
         with set_grad_enabled(False), \
-                memory.category("gradient") if memory.active() else nullcontext():
-            out = entry.fn(inputs, list(collected.sizes), list(collected.scalars),
+                _memory.category("gradient") if _memory.active() else nullcontext():
+            out = entry.fn(inputs, collected.sizes, collected.scalars,
                            collected.hooks, collected.packed_data)
     finally:
         stack.pop()

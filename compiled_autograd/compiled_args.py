@@ -153,10 +153,11 @@ class CompiledNodeArgs:
             self.inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
         return (sv.dtype, hooked, len(shape))
 
-    def collect_leaf(self, variable) -> None:
-        """The leaf Tensor an AccumulateGrad writes into."""
+    def collect_leaf(self, variable, node_type=None) -> None:
+        """The leaf Tensor an AccumulateGrad writes into (and, as one key item, the
+        node's type)."""
         shape = variable._data.shape
-        self.key.append(("leaf", variable._data.dtype, len(shape)))
+        self.key.append((node_type, "leaf", variable._data.dtype, len(shape)))
         if self.record:
             self.size_pos[id(variable)] = len(self.sizes)
             self.slot[id(variable)] = ("inputs", len(self.inputs))

@@ -220,8 +220,7 @@ class AccumulateGrad(Node):
         return ()
 
     def compiled_args(self, args) -> None:
-        args.collect(type(self))
-        args.collect_leaf(self.variable)
+        args.collect_leaf(self.variable, type(self))
 
     def apply_with_saved(self, grads, saved):
         saved.accumulate_grad(self.variable, grads[0])
