@@ -1,7 +1,10 @@
 """Where the C backend's time goes, at 1 thread: the generated C function alone
 against the whole compiled backward (the rest is Python: the cache lookup's walk
 and the call), on the small MLP, the 200-op chain and the transformer, and one
-256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch.
+256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch,
+and GELU's backward loop over one transformer layer's 512x512 activations with
+libm's scalar erff/expf against the backend's vectorisable ca_erff/ca_expf, built
+with the backend's own flags.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
@@ -91,6 +94,41 @@ def sgemm(reps):
     return row
 
 
+GELU_LOOPS = """
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+{% include "math.h.j2" %}
+void gelu_libm(float *g, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    g[i] *= (erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * expf(x[i] * x[i] * -0.5f) * 0.39894228f;
+}
+void gelu_ca(float *g, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    g[i] *= (ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f;
+}
+"""
+
+
+def gelu_loops(reps):
+    """Medians of the two GELU-backward loops over 262,144 floats."""
+    import numpy as np
+    from codegen.c import _ENV
+    from runtime import cbuild
+    from tracer import median_time
+    lib = cbuild.load(cbuild.build(_ENV.from_string(GELU_LOOPS).render())[0])
+    x = np.random.default_rng(0).standard_normal(512 * 512).astype(np.float32) * 3
+    g = np.ones_like(x)
+    row = {}
+    for name in ("libm", "ca"):
+        f = getattr(lib, f"gelu_{name}")
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        call = lambda: f(g.ctypes.data, x.ctypes.data, x.size)  # noqa: E731
+        call()
+        row[name] = median_time(call, reps)
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100)
@@ -103,6 +141,9 @@ def main():
         print(f"{case:<12}{_fmt(whole):>16}{_fmt(inner):>14}{_fmt(whole - inner):>15}")
     row = sgemm(max(10, args.reps // 5))
     print("\none sgemm 256x1024x1024: " + ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
+    row = gelu_loops(max(10, args.reps // 5))
+    print("GELU backward loop, 262,144 floats: " +
+          ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.symbolic import evaluate, expr_of
+from compiled_autograd.symbolic import boxed_symbol, evaluate, expr_of, expr_text
 
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
           np.dtype(np.int64): "int64_t", np.dtype(np.int32): "int32_t",
@@ -66,19 +66,12 @@ def prod(dims):
 
 
 def c_expr(e) -> str:
-    """C for a size expression: literals, ``sizes[i]`` and integer arithmetic."""
-    if isinstance(e, bool):
-        raise TypeError(f"not a size: {e!r}")
-    if isinstance(e, int):
-        return str(e)
-    if e[0] == "s":
-        return f"sizes[{int(e[1])}]"
-    if e[0] == "c":
-        return f"scalars[{int(e[1])}]"
-    op, a, b = e
-    if op not in ("+", "-", "*", "//"):
-        raise ValueError(f"C backend: size operator {op!r}")
-    return f"({c_expr(a)} {'/' if op == '//' else op} {c_expr(b)})"
+    """C for a size expression: literals, ``sizes[i]`` and integer arithmetic
+    (sizes are never negative, so C's ``/`` is Python's ``//``)."""
+    return expr_text(e, boxed_symbol, _C_OPS, sep=" ")
+
+
+_C_OPS = {"+": "+", "-": "-", "*": "*", "//": "/"}
 
 
 def value_of(e, sizes) -> int:

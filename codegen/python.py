@@ -22,7 +22,7 @@ import jinja2
 
 from compiled_autograd.graph import Node
 from compiled_autograd.hook_calls import CALL_HOOK
-from compiled_autograd.symbolic import SymFloat, SymInt
+from compiled_autograd.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from runtime import memory
 from runtime.loader import load_python
 from runtime.prims import PRIMS, run_kernel
@@ -34,19 +34,8 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates"),
 
 def render_expr(expr) -> str:
     """Python for a symbolic size or scalar: reads of ``sizes``/``scalars`` and
-    integer arithmetic, nothing else."""
-    if isinstance(expr, bool) or not isinstance(expr, (int, float, tuple)):
-        raise TypeError(f"not a size expression: {expr!r}")
-    if isinstance(expr, (int, float)):
-        return repr(expr)
-    if expr[0] == "s":
-        return f"sizes[{int(expr[1])}]"
-    if expr[0] == "c":
-        return f"scalars[{int(expr[1])}]"
-    op, a, b = expr
-    if op not in ("+", "-", "*", "//", "/"):
-        raise ValueError(f"unknown size operator {op!r}")
-    return f"({render_expr(a)} {op} {render_expr(b)})"
+    arithmetic, nothing else."""
+    return expr_text(expr, boxed_symbol, sep=" ")
 
 
 def _comment(text) -> str:

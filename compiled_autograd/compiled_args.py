@@ -119,13 +119,6 @@ class CompiledNodeArgs:
                 saved.append(item)
         self.key.append((type(node), split[0], tuple(ndims), node.dtypes, tuple(saved)))
 
-    def collect_scalar(self, value, owner) -> None:
-        """A Python float a node saved: a runtime value (``scalars``), not a key."""
-        self.key.append(("scalar",))
-        if self.record:
-            self.scalar_pos[owner] = len(self.scalars)
-        self.scalars.append(float(value))
-
     # ---------------------------------------------------------- runtime values
 
     def collect_saved(self, sv) -> None:

@@ -122,9 +122,10 @@ def has_tensor_pre_hooks(node) -> bool:
 
 
 def has_hooks(node) -> bool:
-    """Whether the engine must run pre-hooks for this node (cheap check)."""
-    d = node.__dict__
-    if d.get("_tensor_pre_hooks") or d.get("_retains_grad") or d.get("_pre_hooks"):
+    """Whether a hook may be registered around ``node`` (the hot walks' cheap test:
+    False is certain; True may be stale, after a handle's removal, and the walks
+    then find no hooks to run)."""
+    if "_hooked" in node.__dict__:
         return True
     variable = leaf_of(node)
     return variable is not None and bool(variable._backward_hooks or
@@ -176,7 +177,7 @@ def run_tensor_pre_hooks(fn, grads, create_graph):
     grads = list(grads)
     d = fn.__dict__
     per_output = dict(d.get("_tensor_pre_hooks") or {})
-    variable = getattr(fn, "variable", None)
+    variable = leaf_of(fn)
     if variable is not None and variable._backward_hooks:
         per_output = {0: variable._backward_hooks}
     for nr, hooks in per_output.items():

@@ -68,13 +68,34 @@ def evaluate(expr, sizes, scalars=()):
     return _BINOPS[op](evaluate(a, sizes, scalars), evaluate(b, sizes, scalars))
 
 
-def format_expr(expr) -> str:
-    if isinstance(expr, (int, float)):
+_OPS = {op: op for op in ("+", "-", "*", "//", "/")}
+
+
+def expr_text(expr, symbol, ops=_OPS, sep="") -> str:
+    """Source text of a size or scalar expression (the one walker behind the
+    printed form and the generated Python and C): numbers as literals, symbol
+    ``("s", i)``/``("c", i)`` as ``symbol(kind, i)``, each operator in ``ops`` as
+    its text there; any other operator or value is refused."""
+    if isinstance(expr, bool) or not isinstance(expr, (int, float, tuple)):
+        raise TypeError(f"not a size expression: {expr!r}")
+    if not isinstance(expr, tuple):
         return repr(expr)
     if expr[0] in ("s", "c"):
-        return f"{expr[0]}{expr[1]}"
+        return symbol(expr[0], int(expr[1]))
     op, a, b = expr
-    return f"({format_expr(a)}{op}{format_expr(b)})"
+    if op not in ops:
+        raise ValueError(f"unknown size operator {op!r}")
+    return (f"({expr_text(a, symbol, ops, sep)}{sep}{ops[op]}{sep}"
+            f"{expr_text(b, symbol, ops, sep)})")
+
+
+def boxed_symbol(kind, i) -> str:
+    """A symbol as generated code reads it: ``sizes[i]`` or ``scalars[i]``."""
+    return f"{'sizes' if kind == 's' else 'scalars'}[{i}]"
+
+
+def format_expr(expr) -> str:
+    return expr_text(expr, lambda kind, i: f"{kind}{i}")
 
 
 def guards_hold(guards, sizes, scalars=()) -> bool:

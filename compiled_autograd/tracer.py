@@ -328,6 +328,7 @@ def collect(task, roots, record=True):
     captured_fns = {fn for fn, _ in captures}
     exec_info = task.exec_info
     key = args.key
+    has_hooks = _hooks.has_hooks
     runs = True
     for fn, edges in zip(task.nodes, task.edges):
         if exec_info is not None:
@@ -337,10 +338,7 @@ def collect(task, roots, record=True):
                 continue
             key.append(("node", index[fn], runs))
         args.node = fn
-        d = fn.__dict__
-        leaf = fn.variable if fn.accumulates_grad else None   # its hooks live on the tensor
-        if "_hooked" in d or (leaf is not None and (leaf._backward_hooks or
-                                                    leaf._post_accumulate_grad_hooks)):
+        if has_hooks(fn):
             for kind, nr, h in node_hooks(fn):
                 if runs or kind == "tensor_pre_hook":
                     args.collect_hook(kind, nr, h)
