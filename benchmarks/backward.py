@@ -6,7 +6,8 @@ large MLP (8 x 1024, batch 256) and the transformer (4 layers, d_model 128);
 medians, at 1 thread and at the default thread count (each in a fresh process,
 since BLAS threads are fixed at start-up). Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
-capture+codegen and the cache hit alone are reported too, and the C build time of the
+capture+codegen and the cache hit alone are reported too (with the cache hit's walks
+in C, the default, and in Python), and the C build time of the
 transformer's backward: cold (a fresh cache directory) and cached (a second process
 that finds the library).
 
@@ -147,6 +148,7 @@ def measure(reps):
         row["first (capture+codegen+run)"] = time.perf_counter() - start
         row["capture+codegen"] = ca.compiled_autograd_stats()["compile_seconds"]
         row["cache hit alone"] = _cache_hit_time(make_loss, n)
+        row["hit, Python walk"] = _cache_hit_time(make_loss, n, native=False)
         if torch is not None:
             t_loss, t_params = _torch_setup(case)
             row["torch"] = _median_backward(t_loss, t_params, n, lambda l: l.backward())
@@ -154,11 +156,21 @@ def measure(reps):
     return out
 
 
-def _cache_hit_time(make_loss, reps):
+def _cache_hit_time(make_loss, reps, native=True):
     """The code a cache hit runs before the compiled function: root gradients,
-    collecting the compiled args, the lookup (``compiled.lookup``)."""
+    collecting the compiled args, the lookup (``compiled.lookup``); with the
+    walks in C (native_walk, the default) or in Python (``CA_NATIVE_WALK=0``)."""
     import compiled_autograd as ca
     from compiled_autograd import compiled, engine
+    if not native:
+        os.environ["CA_NATIVE_WALK"] = "0"
+    try:
+        return _hit_times(ca, compiled, engine, make_loss, reps)
+    finally:
+        os.environ.pop("CA_NATIVE_WALK", None)
+
+
+def _hit_times(ca, compiled, engine, make_loss, reps):
     options = ca.compiled_backward(backend="python")
     with options:
         make_loss().backward()      # fills the cache
@@ -169,6 +181,8 @@ def _cache_hit_time(make_loss, reps):
         roots = engine._make_root_grads([loss], None, False)
         compiled.lookup(roots, None, True, options)
         times.append(time.perf_counter() - start)
+        # The roots hold the graph: free it here, not in the next timed hit.
+        del roots, loss
     assert ca.compiled_autograd_stats()["cache_hits"] >= reps
     return statistics.median(times)
 
@@ -211,12 +225,14 @@ def main():
                         else f"{'-':>14}{'-':>10}")
             print(f"{case:<12}{cells}{ratio:>14.2f}{vs_torch}")
         print(f"{'case':<12}{'capture+codegen':>18}{'first backward':>16}"
-              f"{'cache hit alone':>17}{'hit/eager':>11}")
+              f"{'cache hit alone':>17}{'hit/eager':>11}{'hit, Python walk':>18}{'hit/eager':>11}")
         for case, row in res.items():
             print(f"{case:<12}{_fmt(row['capture+codegen']):>18}"
                   f"{_fmt(row['first (capture+codegen+run)']):>16}"
                   f"{_fmt(row['cache hit alone']):>17}"
-                  f"{row['cache hit alone'] / row['eager']:>11.3f}")
+                  f"{row['cache hit alone'] / row['eager']:>11.3f}"
+                  f"{_fmt(row['hit, Python walk']):>18}"
+                  f"{row['hit, Python walk'] / row['eager']:>11.3f}")
     cold, cached = _build_times()
     print(f"\nC backend, transformer backward: generate {_fmt(cold['generate'])}, "
           f"build {_fmt(cold['build'])} (cold, compiled={cold['compiled']}), "

@@ -261,7 +261,7 @@ class compiled_backward:
 
 def _prepare(roots, input_edges, accumulate, record=True):
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
-                            input_edges=input_edges, accumulate=accumulate)
+                            input_edges=input_edges, accumulate=accumulate, native=not record)
     collected = tracer.collect(task, roots, record)
     return task, collected, collected.freeze()
 
@@ -329,7 +329,7 @@ def lookup(roots, input_edges, accumulate, options):
         entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
     else:
         _stats["cache_hits"] += 1
-    _cache[cache_key].last_sizes = sizes
+        family.last_sizes = sizes    # (a miss sets it itself)
     return task, collected, entry
 
 

@@ -23,6 +23,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from compiled_autograd import hooks as _hooks
+from compiled_autograd import native_walk
 from compiled_autograd.dispatch import gradient_edge
 from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.node import AccumulateGrad, accumulate_into
@@ -91,7 +92,7 @@ def current_graph_task_id() -> int:
 class GraphTask:
     """One backward run: dependencies, exec_info, captures, buffers."""
 
-    def __init__(self, roots, keep_graph, create_graph):
+    def __init__(self, roots, keep_graph, create_graph, native=False):
         self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
@@ -102,7 +103,12 @@ class GraphTask:
         self._ranked = []        # the nodes in rank order
         self.exec_info = None    # node -> needed (only when inputs are given)
         self.captures = {}       # (node, input_nr) -> capture index
-        self._discover([fn for (fn, _), _ in roots])
+        root_fns = [fn for (fn, _), _ in roots]
+        walk = native_walk.module() if native else None
+        if walk is not None:      # the same walk, in C (compiled autograd's cache hit)
+            walk.discover(root_fns, self.index, self._ranked, self.nodes, self.edges)
+        else:
+            self._discover(root_fns)
 
     def _discover(self, root_fns):
         """Every node reachable from the roots (depth first), each node's rank (the
@@ -228,9 +234,11 @@ def _call_function(task, fn, grads):
     return outputs
 
 
-def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
-    """The GraphTask of a backward from ``roots``, restricted to ``input_edges``."""
-    task = GraphTask(roots, keep_graph, create_graph)
+def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True,
+              native=False):
+    """The GraphTask of a backward from ``roots``, restricted to ``input_edges``;
+    ``native``: discover in C where available (native_walk)."""
+    task = GraphTask(roots, keep_graph, create_graph, native)
     if input_edges is not None:
         task.restrict_to(input_edges, execute_leaf_inputs=accumulate)
     return task

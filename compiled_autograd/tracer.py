@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd import engine
+from compiled_autograd import engine, native_walk
 from compiled_autograd import hooks as _hooks
-from compiled_autograd.compiled_args import (_INDEX_PARAMS, CompiledNodeArgs,
-                                             SwapSavedVariables)
+from compiled_autograd.compiled_args import (_INDEX_PARAMS, _NO_PARAMS, _PARAM_SPLITS,
+                                             CompiledNodeArgs, SwapSavedVariables,
+                                             _params_split)
 from compiled_autograd.graph import BOXED, Graph
-from compiled_autograd.node import AccumulateGrad, PrimBackward
+from compiled_autograd.node import NODE_CLASSES, AccumulateGrad, PrimBackward
+from compiled_autograd.saved_variable import SavedVariable
 from compiled_autograd.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.tensor import Tensor
 
@@ -325,29 +327,54 @@ def collect(task, roots, record=True):
     if captures:
         args.collect(("captures", tuple(sorted((index[fn], nr, tuple(idx))
                                                for (fn, nr), idx in captures.items()))))
-    captured_fns = {fn for fn, _ in captures}
     exec_info = task.exec_info
-    key = args.key
-    has_hooks = _hooks.has_hooks
-    runs = True
+    walk = native_walk.module() if not record and exec_info is None else None
+    if walk is not None:
+        # The same loop in C for the plain nodes; it calls _collect_node for the rest.
+        walk.collect_nodes(task.nodes, task.edges, args,
+                           (args.key, args.saved, args.inputs, args.sizes, args.scalars),
+                           _plain_node_kinds(), SavedVariable, _PARAM_SPLITS, _params_split,
+                           _NO_PARAMS, _collect_node)
+        return args
+    captured_fns = {fn for fn, _ in captures}
     for fn, edges in zip(task.nodes, task.edges):
+        runs = True
         if exec_info is not None:
             # Not every node runs: the key says which (by rank) and whether.
             runs = exec_info.get(fn, False)
             if not runs and fn not in captured_fns:
                 continue
-            key.append(("node", index[fn], runs))
-        args.node = fn
-        if has_hooks(fn):
-            for kind, nr, h in node_hooks(fn):
-                if runs or kind == "tensor_pre_hook":
-                    args.collect_hook(kind, nr, h)
-        if runs:
-            fn.compiled_args(args)
-            if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
-                args.release_nodes.append(fn)
-            key.append(("edges", tuple(edges)))
+            args.key.append(("node", index[fn], runs))
+        _collect_node(args, fn, edges, runs)
     return args
+
+
+def _collect_node(args, fn, edges, runs=True):
+    """One node's hooks, compiled args and edges."""
+    args.node = fn
+    if _hooks.has_hooks(fn):
+        for kind, nr, h in node_hooks(fn):
+            if runs or kind == "tensor_pre_hook":
+                args.collect_hook(kind, nr, h)
+    if runs:
+        fn.compiled_args(args)
+        if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
+            args.release_nodes.append(fn)
+        args.key.append(("edges", tuple(edges)))
+
+
+_kinds: dict = {}
+
+
+def _plain_node_kinds() -> dict:
+    """{node type: 1 (a prim's backward) or 2 (AccumulateGrad)} for the types whose
+    compiled args native_walk may collect itself (NODE_CLASSES grows lazily)."""
+    if len(_kinds) != len(NODE_CLASSES) + 1:
+        _kinds.clear()
+        _kinds.update({cls: 1 for cls in NODE_CLASSES.values()
+                       if cls.compiled_args is PrimBackward.compiled_args})
+        _kinds[AccumulateGrad] = 2
+    return _kinds
 
 
 def trace(task, roots, collected, captured_count, dynamic=frozenset()):

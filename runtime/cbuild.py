@@ -234,6 +234,39 @@ def build(sources, extra=()) -> tuple[Path, bool]:
     return path, True
 
 
+def build_extension(source: str, name: str) -> tuple[Path, bool]:
+    """(path, whether this call compiled it) of a CPython extension module ``name``
+    built from ``source`` against this interpreter's headers, in the same cache
+    (``$CA_C_EXTRA_FLAGS`` apply too). Its name carries the hash of the source, the
+    command and the interpreter's ABI (``EXT_SUFFIX``), so another Python never
+    loads it."""
+    import sysconfig
+    include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        raise CBuildError(f"Python.h not found in {include}: install the Python development "
+                          f"headers (e.g. python3-dev) to build {name}")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    cmd = shlex.split(compiler()) + ["-O2", "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
+                                     *env_flags(), f"-I{include}"]
+    digest = hashlib.sha256("\0".join(cmd + [suffix, source]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{name}_{digest}{suffix}"
+    if path.exists():
+        return path, False
+    fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=path.parent)
+    tmp_out = tmp_src[:-2] + suffix
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        _run([cmd + [tmp_src, "-o", tmp_out]])
+        os.chmod(tmp_out, 0o600)
+        os.replace(tmp_out, path)
+    finally:
+        for leftover in (tmp_src, tmp_out):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    return path, True
+
+
 def _run(commands) -> None:
     """Run the commands at once (at most one per core); raise on the first failure."""
     if shutil.which(commands[0][0]) is None:

@@ -1,0 +1,80 @@
+"""The cache hit's two walks over the autograd graph, in C where a compiler is.
+
+A cache hit of compiled autograd walks every autograd node twice in Python: the
+graph task's discovery (ranks and edges) and the collection of compiled args (the
+key and the runtime values). At about 2 us per node that was most of a hit on a
+small graph. ``native_walk.c`` does the same two walks in C: ``discover`` is
+``GraphTask._discover`` line for line, and ``collect_nodes`` is ``tracer.collect``'s
+node loop (``record=False``) for the common nodes only -- a prim's backward node
+or an AccumulateGrad with no hooks, whose saved variables are plain arrays.
+Everything else (hooks, custom Functions, checkpoint and offload saved values,
+freed or modified saved values and their errors) is handed back to the Python
+code, so the rules stay written once, in Python.
+
+The module is built on first use with the system C compiler against this
+interpreter's headers (``runtime.cbuild.build_extension``, the C backend's private
+cache: a second process loads it without compiling). Without a compiler or the
+headers, or with ``CA_NATIVE_WALK=0``, the Python walks run: same keys, same
+values (tests/test_native_walk.py compares the two on every scenario), slower.
+Only compiled autograd's hit path uses it; the eager engine stays pure Python.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger("compiled_autograd")
+
+SOURCE = Path(__file__).with_name("native_walk.c")
+_lock = threading.Lock()
+_module = None
+_status = None        # "native: <path>" or "python: <why>"
+
+
+def enabled() -> bool:
+    return os.environ.get("CA_NATIVE_WALK", "1") != "0"
+
+
+def module():
+    """The loaded C module, or None (disabled, or it could not be built)."""
+    if not enabled():
+        return None
+    if _status is None:
+        with _lock:
+            if _status is None:
+                _load()
+    return _module
+
+
+def status() -> str:
+    """Which walks a cache hit uses, and why: ``native: <library>`` or
+    ``python: <reason>``."""
+    if not enabled():
+        return "python: disabled by CA_NATIVE_WALK=0"
+    module()
+    return _status
+
+
+def _load() -> None:
+    global _module, _status
+    from runtime.cbuild import CBuildError, build_extension
+    try:
+        path, compiled = build_extension(SOURCE.read_text(), "_native_walk")
+        spec = importlib.util.spec_from_file_location("_native_walk", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except (CBuildError, OSError, ImportError) as e:
+        _status = f"python: the C walk could not be built ({str(e).splitlines()[0]})"
+        log.info("compiled autograd: %s", _status)
+        return
+    _module, _status = mod, f"native: {path}"
+
+
+def reset() -> None:
+    """Forget the loaded module (tests: build it again, or under other settings)."""
+    global _module, _status
+    with _lock:
+        _module = _status = None

@@ -1,0 +1,178 @@
+"""The cache hit's C walks (compiled_autograd/native_walk.c) against the Python
+walks they mirror. Every scenario of test_compiled.py runs again here, on the
+"python" backend, with each cache-hit collection done both ways and compared:
+the graph task (nodes, ranks, edges) and every collected list, by value for the
+key and sizes and by identity for the runtime values; an error must be the same
+error."""
+import os
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+import test_compiled
+from compiled_autograd import compiled, engine, native_walk, tracer
+from compiled_autograd.examples import build
+from helpers import needs_cc
+from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
+
+pytestmark = needs_cc
+
+
+@pytest.fixture(autouse=True, params=["python"])
+def backend(request):
+    """Overrides test_compiled's: one backend is enough to exercise the walks."""
+    test_compiled.BACKEND = request.param
+    yield request.param
+    test_compiled.BACKEND = "eager"
+
+
+class _Walks:
+    compared = 0
+
+
+def _python_walk():
+    class Off:
+        def __enter__(self):
+            self.old = os.environ.get("CA_NATIVE_WALK")
+            os.environ["CA_NATIVE_WALK"] = "0"
+
+        def __exit__(self, *exc):
+            if self.old is None:
+                del os.environ["CA_NATIVE_WALK"]
+            else:
+                os.environ["CA_NATIVE_WALK"] = self.old
+    return Off()
+
+
+def _outcome(prepare, *args):
+    try:
+        return prepare(*args, record=False)
+    except Exception as e:      # noqa: BLE001 -- compared, then raised again
+        return e
+
+
+def assert_same_walk(py, c):
+    if isinstance(py, Exception) or isinstance(c, Exception):
+        assert type(py) is type(c) and str(py) == str(c), (py, c)
+        return
+    (task_p, col_p, key_p), (task_c, col_c, key_c) = py, c
+    assert len(task_p.nodes) == len(task_c.nodes)
+    assert all(a is b for a, b in zip(task_p.nodes, task_c.nodes))
+    assert all(a is b for a, b in zip(task_p._ranked, task_c._ranked))
+    assert task_p.index == task_c.index
+    assert [tuple(e) for e in task_p.edges] == [tuple(e) for e in task_c.edges]
+    assert key_p == key_c
+    assert col_p.sizes == col_c.sizes and col_p.scalars == col_c.scalars
+    for field in ("saved", "inputs", "hooks", "packed_data", "release_nodes"):
+        ours, theirs = getattr(col_p, field), getattr(col_c, field)
+        assert len(ours) == len(theirs), field
+        assert all(a is b for a, b in zip(ours, theirs)), field
+    assert col_p.uncacheable_reason == col_c.uncacheable_reason
+
+
+@pytest.fixture(autouse=True)
+def both_walks(monkeypatch):
+    """Every cache-hit collection (compiled._prepare with record=False) runs the
+    Python walks and the C walks and compares them; the C result is used."""
+    if not native_walk.enabled():
+        pytest.skip("CA_NATIVE_WALK=0")
+    assert native_walk.module() is not None, native_walk.status()
+    real = compiled._prepare
+
+    def checked(roots, input_edges, accumulate, record=True):
+        if record:
+            return real(roots, input_edges, accumulate, record)
+        with _python_walk():
+            py = _outcome(real, roots, input_edges, accumulate)
+        c = _outcome(real, roots, input_edges, accumulate)
+        assert_same_walk(py, c)
+        _Walks.compared += 1
+        if isinstance(c, Exception):
+            raise c
+        return c
+    monkeypatch.setattr(compiled, "_prepare", checked)
+    yield
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("mlp", dict(layers=3, width=8, batch=4)),
+    ("transformer", dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)),
+    ("transformer", dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20,
+                         checkpoint="layer")),
+    ("mlp", dict(layers=3, width=8, batch=4, offload=True)),
+])
+def test_the_c_walk_collects_what_the_python_walk_does(name, kw):
+    ex = build(name, **kw)
+    with ca.compiled_backward(backend="python"):
+        ex.loss().backward()                 # a miss: traced
+    before = _Walks.compared
+    roots = engine._make_root_grads([ex.loss()], None, False)
+    with _python_walk():
+        py = _prepare_plain(roots)
+    c = _prepare_plain(roots, native=True)
+    assert_same_walk(py, c)
+    assert c[1].saved and c[1].inputs     # the C path collected real values
+    with ca.compiled_backward(backend="python"):
+        ex.loss().backward()                 # a hit, compared by the fixture
+    assert _Walks.compared > before
+
+
+def _prepare_plain(roots, native=False):
+    task = engine.make_task(roots, keep_graph=True, create_graph=False, native=native)
+    collected = tracer.collect(task, roots, record=False)
+    return task, collected, collected.freeze()
+
+
+def test_freed_and_modified_saved_values_fail_the_same_way():
+    x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
+    with ca.compiled_backward(backend="python"):
+        (x.exp() * 2).sum().backward()
+        y = (x.exp() * 2).sum()
+        y.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.backward()                     # the fixture compared the two errors
+    with ca.compiled_backward(backend="python"):
+        a = x * 1.0
+        b = a.sin()
+        a.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            b.sum().backward()
+
+
+def test_without_a_compiler_the_python_walk_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-for-the-walk")
+    monkeypatch.setenv("CA_CACHE_DIR", str(tmp_path))
+    native_walk.reset()
+    try:
+        assert native_walk.module() is None
+        assert native_walk.status().startswith("python: the C walk could not be built"), \
+            native_walk.status()
+        assert "no-such-compiler-for-the-walk" in native_walk.status()
+        x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
+        for _ in range(2):
+            with ca.compiled_backward(backend="python"):
+                (x * x).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), 4 * np.arange(1.0, 5.0))
+    finally:
+        monkeypatch.undo()
+        native_walk.reset()
+    assert native_walk.status().startswith("native: ")
+
+
+def test_ca_native_walk_0_turns_it_off(monkeypatch):
+    monkeypatch.setenv("CA_NATIVE_WALK", "0")
+    assert native_walk.module() is None
+    assert native_walk.status() == "python: disabled by CA_NATIVE_WALK=0"
+
+
+def test_the_walk_compiles_without_warnings(tmp_path):
+    import subprocess
+    import sysconfig
+
+    from runtime import cbuild
+    include = sysconfig.get_paths()["include"]
+    done = subprocess.run([cbuild.compiler(), "-O2", "-fPIC", "-shared", "-std=c11", "-Wall",
+                           "-Wextra", f"-I{include}", str(native_walk.SOURCE), "-o",
+                           str(tmp_path / "walk.so")], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
