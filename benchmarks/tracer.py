@@ -9,6 +9,7 @@ linearly. Medians; one run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -80,6 +81,9 @@ def main():
     t_capture = median_time(lambda: capture(loss), args.reps)
     options = warm(loss)
     t_hit = median_time(lambda: collect_and_lookup(loss, options), args.reps)
+    os.environ["CA_NATIVE_WALK"] = "0"      # the same hit with the Python walks
+    t_hit_py = median_time(lambda: collect_and_lookup(loss, options), args.reps)
+    del os.environ["CA_NATIVE_WALK"]
     print(f"transformer {ex.sizes}")
     print(f"graph: {nodes} nodes; median of {args.reps}")
     print(f"{'':<30} {'time':>10} {'/ eager backward':>17}")
@@ -87,6 +91,8 @@ def main():
     print(f"{'capture (trace+passes+compile)':<30} {t_capture * 1e3:>8.2f}ms "
           f"{t_capture / t_eager:>17.3f}")
     print(f"{'cache hit (collect+lookup)':<30} {t_hit * 1e3:>8.2f}ms {t_hit / t_eager:>17.3f}")
+    print(f"{'  the same, Python walk':<30} {t_hit_py * 1e3:>8.2f}ms "
+          f"{t_hit_py / t_eager:>17.3f}")
     print()
     print("capture time against depth (d_model 32, 2 heads, seq 16, batch 2)")
     print(f"{'layers':>6} {'nodes':>7} {'capture':>10} {'per layer':>10} {'cache hit':>10}")

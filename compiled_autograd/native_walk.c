@@ -10,14 +10,17 @@
                     ``saved_slow`` callables), so the rules are written once.
 
    Only what a Python object exposes is read: attributes by name, no struct
-   layouts. Every function returns NULL with the Python error set on failure. */
+   layouts. A plain node's ``shapes`` and ``saved``, every shape, and each
+   ``next_functions`` entry are tuples (as PrimBackward and Node make them);
+   anything else is a TypeError, never a guess. Every function returns NULL with
+   the Python error set on failure. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved, *s_dict,
     *s_hooked, *s_variable, *s_backward_hooks, *s_post_acc_hooks, *s_data, *s_tensor,
     *s_unpack_hook, *s_released, *s_version_counter, *s_value, *s_saved_version,
-    *s_shape, *s_dtype, *s_node, *s_edges, *s_scalar, *s_leaf;
+    *s_shape, *s_dtype, *s_node, *s_edges, *s_scalar, *s_leaf, *s__saved;
 
 /* ------------------------------------------------------------------ discover */
 
@@ -68,18 +71,18 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(fn);
         if (next == NULL)
             goto fail;
-        PyObject *seq = PySequence_Fast(next, "next_functions must be a sequence");
+        PyObject *seq = PySequence_Tuple(next);   /* (itself, for a tuple): not mutable */
         Py_DECREF(next);
         if (seq == NULL)
             goto fail;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        Py_ssize_t n = PyTuple_GET_SIZE(seq);
         PyObject *edges = PyTuple_New(n);   /* a tuple: the key's edges item reuses it */
         if (edges == NULL) {
             Py_DECREF(seq);
             goto fail;
         }
         for (Py_ssize_t j = 0; j < n; j++) {
-            PyObject *pair = PySequence_Fast_GET_ITEM(seq, j);
+            PyObject *pair = PyTuple_GET_ITEM(seq, j);
             if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
                 PyErr_SetString(PyExc_TypeError, "next_functions: (node, input_nr) pairs expected");
                 goto fail_edge;
@@ -231,8 +234,14 @@ static PyObject *saved_meta(PyObject *dtype, Py_ssize_t ndim)
         item = Py_BuildValue("(OOn)", dtype, Py_False, ndim);
         if (item == NULL)
             return NULL;
-        PyList_SET_ITEM(by_ndim, ndim, item);    /* steals; Py_None's reference: */
-        Py_DECREF(Py_None);
+        Py_INCREF(item);
+        /* SetItem (not SET_ITEM): releases whatever the slot holds by now, since
+           the allocation above may have run other Python code */
+        if (PyList_SetItem(by_ndim, ndim, item) < 0) {
+            Py_DECREF(item);
+            return NULL;
+        }
+        return item;
     }
     Py_INCREF(item);
     return item;
@@ -404,7 +413,8 @@ static int collect_prim(Walk *w, PyObject *fn)
                 goto done;
             PyTuple_SET_ITEM(ndims, i, nd);
         }
-        if (code >= 0) {      /* kept for good: at most 4096 x 4 small tuples */
+        if (code >= 0 && ndims_cache[code][PyTuple_GET_SIZE(shapes)] == NULL) {
+            /* kept for good: at most 4096 x 4 small tuples */
             Py_INCREF(ndims);
             ndims_cache[code][PyTuple_GET_SIZE(shapes)] = ndims;
         }
@@ -485,9 +495,9 @@ static PyObject *collect_nodes(PyObject *self, PyObject *const *a, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "collect_nodes takes 10 arguments");
         return NULL;
     }
-    PyObject *nodes = a[0], *all_edges = a[1], *lists = a[3], *kinds = a[4], *slow = a[9];
-    if (!PyList_Check(nodes) || !PyList_Check(all_edges) ||
-        PyList_GET_SIZE(nodes) != PyList_GET_SIZE(all_edges) || !PyTuple_Check(lists) ||
+    PyObject *lists = a[3], *kinds = a[4], *slow = a[9];
+    if (!PyList_Check(a[0]) || !PyList_Check(a[1]) ||
+        PyList_GET_SIZE(a[0]) != PyList_GET_SIZE(a[1]) || !PyTuple_Check(lists) ||
         PyTuple_GET_SIZE(lists) != 5 || !PyDict_Check(kinds) || !PyDict_Check(a[6])) {
         PyErr_SetString(PyExc_TypeError, "collect_nodes: bad arguments");
         return NULL;
@@ -495,15 +505,19 @@ static PyObject *collect_nodes(PyObject *self, PyObject *const *a, Py_ssize_t na
     Walk w = {a[2], PyTuple_GET_ITEM(lists, 0), PyTuple_GET_ITEM(lists, 1),
               PyTuple_GET_ITEM(lists, 2), PyTuple_GET_ITEM(lists, 3),
               PyTuple_GET_ITEM(lists, 4), a[5], a[6], a[7], a[8], NULL};
-    w.saved_slow = PyObject_GetAttrString(w.args, "_saved");
-    if (w.saved_slow == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
-        PyObject *fn = PyList_GET_ITEM(nodes, i), *edges = PyList_GET_ITEM(all_edges, i);
+    /* Tuple copies: the Python code called back may change the lists. */
+    PyObject *nodes = PyList_AsTuple(a[0]), *all_edges = PyList_AsTuple(a[1]);
+    w.saved_slow = PyObject_GetAttr(w.args, s__saved);
+    if (nodes == NULL || all_edges == NULL || w.saved_slow == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(nodes); i++) {
+        PyObject *fn = PyTuple_GET_ITEM(nodes, i), *edges = PyTuple_GET_ITEM(all_edges, i);
         PyObject *k = PyDict_GetItemWithError(kinds, (PyObject *)Py_TYPE(fn));
         long kind = k ? PyLong_AsLong(k) : SLOW;
         if (PyErr_Occurred())
             goto fail;
+        if (kind != PRIM && kind != LEAF)
+            kind = SLOW;
         if (kind != SLOW) {
             int hooked = has_hooks(fn, kind == LEAF);
             if (hooked < 0)
@@ -528,10 +542,14 @@ static PyObject *collect_nodes(PyObject *self, PyObject *const *a, Py_ssize_t na
         if (bad)
             goto fail;
     }
+    Py_DECREF(nodes);
+    Py_DECREF(all_edges);
     Py_DECREF(w.saved_slow);
     Py_RETURN_NONE;
 fail:
-    Py_DECREF(w.saved_slow);
+    Py_XDECREF(nodes);
+    Py_XDECREF(all_edges);
+    Py_XDECREF(w.saved_slow);
     return NULL;
 }
 
@@ -567,7 +585,7 @@ PyMODINIT_FUNC PyInit__native_walk(void)
         intern(&s_version_counter, "_version_counter") || intern(&s_value, "value") ||
         intern(&s_saved_version, "saved_version") || intern(&s_shape, "shape") ||
         intern(&s_dtype, "dtype") || intern(&s_node, "node") || intern(&s_edges, "edges") ||
-        intern(&s_scalar, "scalar") || intern(&s_leaf, "leaf"))
+        intern(&s_scalar, "scalar") || intern(&s_leaf, "leaf") || intern(&s__saved, "_saved"))
         return NULL;
     saved_meta_cache = PyDict_New();
     if (saved_meta_cache == NULL)
