@@ -17,10 +17,69 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved, *s_dict,
+static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved,
     *s_hooked, *s_variable, *s_backward_hooks, *s_post_acc_hooks, *s_data, *s_tensor,
     *s_unpack_hook, *s_released, *s_version_counter, *s_value, *s_saved_version,
     *s_shape, *s_dtype, *s_node, *s_edges, *s_scalar, *s_leaf, *s__saved;
+
+/* ------------------------------------------------------------ shared tuples */
+
+/* Every tuple a hit builds is built again, equal, at the next hit of the same
+   graph. Building it anew costs an allocation and, worse, work for the garbage
+   collector (a hit's allocations set off a young-generation pass over everything
+   the forward just made), and the cache lookup then compares it item by item. So
+   tuples are shared: a direct-mapped table keyed by the identity of the items.
+   A slot's tuple holds its items, so while it is there no other object can take
+   an item's address: identical items mean an equal tuple. The table keeps at
+   most TUPLE_SLOTS small tuples of key items (types, dtypes, ints, strings). */
+#define TUPLE_SLOTS 16384
+static PyObject *tuple_slots[TUPLE_SLOTS];
+
+static PyObject *shared_tuple(PyObject *const *items, Py_ssize_t n)
+{
+    Py_uhash_t h = (Py_uhash_t)n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ ((Py_uhash_t)(uintptr_t)items[i] >> 4)) * 0x100000001b3ULL;
+    PyObject **slot = &tuple_slots[(h ^ (h >> 29)) % TUPLE_SLOTS];
+    PyObject *t = *slot;
+    if (t != NULL && PyTuple_GET_SIZE(t) == n) {
+        Py_ssize_t i = 0;
+        while (i < n && PyTuple_GET_ITEM(t, i) == items[i])
+            i++;
+        if (i == n) {
+            Py_INCREF(t);
+            return t;
+        }
+    }
+    t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    Py_INCREF(t);
+    Py_XSETREF(*slot, t);      /* the old tuple goes after the slot is consistent */
+    return t;
+}
+
+/* The int ``rank``, the same object at every hit (ranks past 256 are not cached
+   by CPython). New reference. */
+static PyObject *rank_ints;
+
+static PyObject *rank_int(Py_ssize_t rank)
+{
+    while (PyList_GET_SIZE(rank_ints) <= rank) {
+        PyObject *v = PyLong_FromSsize_t(PyList_GET_SIZE(rank_ints));
+        int bad = v == NULL || PyList_Append(rank_ints, v) < 0;
+        Py_XDECREF(v);
+        if (bad)
+            return NULL;
+    }
+    PyObject *v = PyList_GET_ITEM(rank_ints, rank);
+    Py_INCREF(v);
+    return v;
+}
 
 /* ------------------------------------------------------------------ discover */
 
@@ -51,7 +110,7 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (seen < 0)
             goto fail;
         if (!seen) {
-            PyObject *rank = PyLong_FromSsize_t(PyList_GET_SIZE(ranked));
+            PyObject *rank = rank_int(PyList_GET_SIZE(ranked));
             int bad = rank == NULL || PyDict_SetItem(index, fn, rank) < 0 ||
                       PyList_Append(ranked, fn) < 0 || PyList_Append(stack, fn) < 0;
             Py_XDECREF(rank);
@@ -75,13 +134,15 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(next);
         if (seq == NULL)
             goto fail;
-        Py_ssize_t n = PyTuple_GET_SIZE(seq);
-        PyObject *edges = PyTuple_New(n);   /* a tuple: the key's edges item reuses it */
-        if (edges == NULL) {
+        Py_ssize_t n = PyTuple_GET_SIZE(seq), j = 0;
+        /* the edges, as a tuple: the key's edges item reuses it */
+        PyObject *small[8], **items = n <= 8 ? small : PyMem_New(PyObject *, n), *edges;
+        if (items == NULL) {
+            PyErr_NoMemory();
             Py_DECREF(seq);
             goto fail;
         }
-        for (Py_ssize_t j = 0; j < n; j++) {
+        for (; j < n; j++) {
             PyObject *pair = PyTuple_GET_ITEM(seq, j);
             if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
                 PyErr_SetString(PyExc_TypeError, "next_functions: (node, input_nr) pairs expected");
@@ -90,7 +151,7 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyObject *nxt = PyTuple_GET_ITEM(pair, 0), *nr = PyTuple_GET_ITEM(pair, 1);
             if (nxt == Py_None) {
                 Py_INCREF(Py_None);
-                PyTuple_SET_ITEM(edges, j, Py_None);
+                items[j] = Py_None;
                 continue;
             }
             PyObject *rank = PyDict_GetItemWithError(index, nxt);   /* borrowed */
@@ -99,7 +160,7 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
             } else {
                 if (PyErr_Occurred())
                     goto fail_edge;
-                rank = PyLong_FromSsize_t(PyList_GET_SIZE(ranked));
+                rank = rank_int(PyList_GET_SIZE(ranked));
                 if (rank == NULL)
                     goto fail_edge;
                 if (PyDict_SetItem(index, nxt, rank) < 0 || PyList_Append(ranked, nxt) < 0 ||
@@ -108,22 +169,30 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
                     goto fail_edge;
                 }
             }
-            PyObject *edge = PyTuple_Pack(2, rank, nr);
+            PyObject *pair_items[2] = {rank, nr};
+            items[j] = shared_tuple(pair_items, 2);
             Py_DECREF(rank);
-            if (edge == NULL)
+            if (items[j] == NULL)
                 goto fail_edge;
-            PyTuple_SET_ITEM(edges, j, edge);
         }
         Py_DECREF(seq);
-        if (PyList_Append(all_edges, edges) < 0) {
-            Py_DECREF(edges);
+        edges = shared_tuple(items, n);
+        for (Py_ssize_t k = 0; k < n; k++)
+            Py_DECREF(items[k]);
+        if (items != small)
+            PyMem_Free(items);
+        if (edges == NULL || PyList_Append(all_edges, edges) < 0) {
+            Py_XDECREF(edges);
             goto fail;
         }
         Py_DECREF(edges);
         continue;
-    fail_edge:
+    fail_edge:      /* items[0..j) are held */
         Py_DECREF(seq);
-        Py_DECREF(edges);
+        for (Py_ssize_t k = 0; k < j; k++)
+            Py_DECREF(items[k]);
+        if (items != small)
+            PyMem_Free(items);
         goto fail;
     }
     Py_DECREF(stack);
@@ -159,14 +228,22 @@ static int attr_true(PyObject *obj, PyObject *name)
     return t;
 }
 
-/* hooks.has_hooks: "_hooked" in fn.__dict__, or a leaf with tensor hooks. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define lookup_attr PyObject_GetOptionalAttr
+#else
+#define lookup_attr _PyObject_LookupAttr
+#endif
+
+/* hooks.has_hooks: "_hooked" in fn.__dict__ (read as an attribute: no node
+   class defines one; and asking for ``__dict__`` would make each node build the
+   dict object it does not have yet), or a leaf with tensor hooks. */
 static int has_hooks(PyObject *fn, int is_leaf_sink)
 {
-    PyObject *d = PyObject_GetAttr(fn, s_dict);
-    if (d == NULL)
+    PyObject *flag;
+    int hooked = lookup_attr(fn, s_hooked, &flag);   /* no AttributeError when absent */
+    if (hooked < 0)
         return -1;
-    int hooked = PyDict_Check(d) ? PyDict_Contains(d, s_hooked) : 1;
-    Py_DECREF(d);
+    Py_XDECREF(flag);
     if (hooked || !is_leaf_sink)
         return hooked;
     PyObject *variable = PyObject_GetAttr(fn, s_variable);
@@ -350,6 +427,27 @@ static PyObject *collect_saved_item(Walk *w, PyObject *fn, PyObject *item)
     return item;
 }
 
+/* The key items of a node's saved items, as one (shared) tuple. */
+static PyObject *collect_saved_items(Walk *w, PyObject *fn, PyObject *saved)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(saved), i = 0;
+    PyObject *small[8], **keys = n <= 8 ? small : PyMem_New(PyObject *, n), *out = NULL;
+    if (keys == NULL)
+        return PyErr_NoMemory();
+    for (; i < n; i++) {
+        keys[i] = collect_saved_item(w, fn, PyTuple_GET_ITEM(saved, i));
+        if (keys[i] == NULL)
+            break;
+    }
+    if (i == n)
+        out = shared_tuple(keys, n);
+    for (Py_ssize_t k = 0; k < i; k++)
+        Py_DECREF(keys[k]);
+    if (keys != small)
+        PyMem_Free(keys);
+    return out;
+}
+
 /* CompiledNodeArgs.collect_prim_node with record=False. */
 static int collect_prim(Walk *w, PyObject *fn)
 {
@@ -425,20 +523,19 @@ static int collect_prim(Walk *w, PyObject *fn)
             PyErr_SetString(PyExc_TypeError, "node.saved must be a tuple");
         goto done;
     }
-    saved_keys = PyTuple_New(PyTuple_GET_SIZE(saved));
+    saved_keys = collect_saved_items(w, fn, saved);
     if (saved_keys == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(saved); i++) {
-        PyObject *k = collect_saved_item(w, fn, PyTuple_GET_ITEM(saved, i));
-        if (k == NULL)
-            goto done;
-        PyTuple_SET_ITEM(saved_keys, i, k);
-    }
     dtypes = PyObject_GetAttr(fn, s_dtypes);
     if (dtypes == NULL)
         goto done;
-    item = PyTuple_Pack(5, (PyObject *)Py_TYPE(fn), PyTuple_GET_ITEM(split, 0), ndims, dtypes,
-                        saved_keys);
+    if (PyTuple_CheckExact(dtypes) && PyTuple_GET_SIZE(dtypes) > 0)
+        Py_SETREF(dtypes, shared_tuple(&PyTuple_GET_ITEM(dtypes, 0), PyTuple_GET_SIZE(dtypes)));
+    if (dtypes == NULL)
+        goto done;
+    PyObject *parts[5] = {(PyObject *)Py_TYPE(fn), PyTuple_GET_ITEM(split, 0), ndims, dtypes,
+                          saved_keys};
+    item = shared_tuple(parts, 5);
     if (item != NULL && PyList_Append(w->key, item) == 0)
         rc = 0;
 done:
@@ -467,8 +564,12 @@ static int collect_leaf(Walk *w, PyObject *fn)
         PyErr_SetString(PyExc_TypeError, "a leaf's shape must be a tuple");
         goto done;
     }
-    item = Py_BuildValue("(OOOn)", (PyObject *)Py_TYPE(fn), s_leaf, dtype,
-                         PyTuple_GET_SIZE(shape));
+    PyObject *ndim = PyLong_FromSsize_t(PyTuple_GET_SIZE(shape));
+    if (ndim == NULL)
+        goto done;
+    PyObject *parts[4] = {(PyObject *)Py_TYPE(fn), s_leaf, dtype, ndim};
+    item = shared_tuple(parts, 4);
+    Py_DECREF(ndim);
     if (item != NULL && PyList_Append(w->key, item) == 0 && extend(w->sizes, shape) == 0 &&
         PyList_Append(w->inputs, variable) == 0)
         rc = 0;
@@ -535,7 +636,8 @@ static PyObject *collect_nodes(PyObject *self, PyObject *const *a, Py_ssize_t na
         if ((kind == PRIM ? collect_prim(&w, fn) : collect_leaf(&w, fn)) < 0)
             goto fail;
         PyObject *t = PyTuple_Check(edges) ? (Py_INCREF(edges), edges) : PySequence_Tuple(edges);
-        PyObject *item = t ? PyTuple_Pack(2, s_edges, t) : NULL;
+        PyObject *parts[2] = {s_edges, t};
+        PyObject *item = t ? shared_tuple(parts, 2) : NULL;
         Py_XDECREF(t);
         int bad = item == NULL || PyList_Append(w.key, item) < 0;
         Py_XDECREF(item);
@@ -576,8 +678,7 @@ PyMODINIT_FUNC PyInit__native_walk(void)
 {
     if (intern(&s_next_functions, "next_functions") || intern(&s_params, "params") ||
         intern(&s_shapes, "shapes") || intern(&s_dtypes, "dtypes") ||
-        intern(&s_saved, "saved") || intern(&s_dict, "__dict__") ||
-        intern(&s_hooked, "_hooked") || intern(&s_variable, "variable") ||
+        intern(&s_saved, "saved") || intern(&s_hooked, "_hooked") || intern(&s_variable, "variable") ||
         intern(&s_backward_hooks, "_backward_hooks") ||
         intern(&s_post_acc_hooks, "_post_accumulate_grad_hooks") ||
         intern(&s_data, "_data") || intern(&s_tensor, "_tensor") ||
@@ -588,7 +689,8 @@ PyMODINIT_FUNC PyInit__native_walk(void)
         intern(&s_scalar, "scalar") || intern(&s_leaf, "leaf") || intern(&s__saved, "_saved"))
         return NULL;
     saved_meta_cache = PyDict_New();
-    if (saved_meta_cache == NULL)
+    rank_ints = PyList_New(0);
+    if (saved_meta_cache == NULL || rank_ints == NULL)
         return NULL;
     return PyModule_Create(&module);
 }
