@@ -160,29 +160,23 @@ def _cache_hit_time(make_loss, reps, native=True):
     """The code a cache hit runs before the compiled function: root gradients,
     collecting the compiled args, the lookup (``compiled.lookup``); with the
     walks in C (native_walk, the default) or in Python (``CA_NATIVE_WALK=0``)."""
+    import contextlib
+
     import compiled_autograd as ca
-    from compiled_autograd import compiled, engine
-    if not native:
-        os.environ["CA_NATIVE_WALK"] = "0"
-    try:
-        return _hit_times(ca, compiled, engine, make_loss, reps)
-    finally:
-        os.environ.pop("CA_NATIVE_WALK", None)
-
-
-def _hit_times(ca, compiled, engine, make_loss, reps):
+    from compiled_autograd import compiled, engine, native_walk
     options = ca.compiled_backward(backend="python")
     with options:
         make_loss().backward()      # fills the cache
     times = []
-    for _ in range(reps):
-        loss = make_loss()
-        start = time.perf_counter()
-        roots = engine._make_root_grads([loss], None, False)
-        compiled.lookup(roots, None, True, options)
-        times.append(time.perf_counter() - start)
-        # The roots hold the graph: free it here, not in the next timed hit.
-        del roots, loss
+    with contextlib.nullcontext() if native else native_walk.disabled():
+        for _ in range(reps):
+            loss = make_loss()
+            start = time.perf_counter()
+            roots = engine._make_root_grads([loss], None, False)
+            compiled.lookup(roots, None, True, options)
+            times.append(time.perf_counter() - start)
+            # The roots hold the graph: free it here, not in the next timed hit.
+            del roots, loss
     assert ca.compiled_autograd_stats()["cache_hits"] >= reps
     return statistics.median(times)
 

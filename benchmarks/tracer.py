@@ -9,12 +9,11 @@ linearly. Medians; one run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import compiled_autograd as ca
-from compiled_autograd import compiled, passes, tracer
+from compiled_autograd import compiled, native_walk, passes, tracer
 from compiled_autograd.examples import build
 from compiled_autograd.interpreter import Interpreter
 from compiled_autograd.symbolic import ShapeEnv
@@ -81,9 +80,8 @@ def main():
     t_capture = median_time(lambda: capture(loss), args.reps)
     options = warm(loss)
     t_hit = median_time(lambda: collect_and_lookup(loss, options), args.reps)
-    os.environ["CA_NATIVE_WALK"] = "0"      # the same hit with the Python walks
-    t_hit_py = median_time(lambda: collect_and_lookup(loss, options), args.reps)
-    del os.environ["CA_NATIVE_WALK"]
+    with native_walk.disabled():            # the same hit with the Python walks
+        t_hit_py = median_time(lambda: collect_and_lookup(loss, options), args.reps)
     print(f"transformer {ex.sizes}")
     print(f"graph: {nodes} nodes; median of {args.reps}")
     print(f"{'':<30} {'time':>10} {'/ eager backward':>17}")

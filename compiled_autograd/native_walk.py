@@ -20,6 +20,7 @@ Only compiled autograd's hit path uses it; the eager engine stays pure Python.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -32,15 +33,16 @@ SOURCE = Path(__file__).with_name("native_walk.c")
 _lock = threading.Lock()
 _module = None
 _status = None        # "native: <path>" or "python: <why>"
+_enabled = os.environ.get("CA_NATIVE_WALK", "1") != "0"   # read once: hits are hot
 
 
 def enabled() -> bool:
-    return os.environ.get("CA_NATIVE_WALK", "1") != "0"
+    return _enabled
 
 
 def module():
     """The loaded C module, or None (disabled, or it could not be built)."""
-    if not enabled():
+    if not _enabled:
         return None
     if _status is None:
         with _lock:
@@ -49,10 +51,22 @@ def module():
     return _module
 
 
+@contextlib.contextmanager
+def disabled():
+    """The Python walks, for the duration (as ``CA_NATIVE_WALK=0`` does for a whole
+    process): for comparing the two."""
+    global _enabled
+    old, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = old
+
+
 def status() -> str:
     """Which walks a cache hit uses, and why: ``native: <library>`` or
     ``python: <reason>``."""
-    if not enabled():
+    if not _enabled:
         return "python: disabled by CA_NATIVE_WALK=0"
     module()
     return _status
@@ -62,7 +76,7 @@ def _load() -> None:
     global _module, _status
     from runtime.cbuild import CBuildError, build_extension
     try:
-        path, compiled = build_extension(SOURCE.read_text(), "_native_walk")
+        path, _ = build_extension(SOURCE.read_text(), "_native_walk")
         spec = importlib.util.spec_from_file_location("_native_walk", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

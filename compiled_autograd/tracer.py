@@ -367,12 +367,13 @@ _kinds: dict = {}
 
 
 def _plain_node_kinds() -> dict:
-    """{node type: 1 (a prim's backward) or 2 (AccumulateGrad)} for the types whose
-    compiled args native_walk may collect itself (NODE_CLASSES grows lazily)."""
+    """{node type: 1 (a prim's backward), 2 (AccumulateGrad) or 0 (Python
+    collects it)}: whose compiled args native_walk may collect itself. Every node
+    class is listed, so a new one (NODE_CLASSES grows lazily) rebuilds it once."""
     if len(_kinds) != len(NODE_CLASSES) + 1:
         _kinds.clear()
-        _kinds.update({cls: 1 for cls in NODE_CLASSES.values()
-                       if cls.compiled_args is PrimBackward.compiled_args})
+        _kinds.update({cls: 1 if cls.compiled_args is PrimBackward.compiled_args else 0
+                       for cls in NODE_CLASSES.values()})
         _kinds[AccumulateGrad] = 2
     return _kinds
 

@@ -203,28 +203,36 @@ def build(sources, extra=()) -> tuple[Path, bool]:
     translation unit, or several, compiled at once (one process per core) and
     linked into one library."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    path = library_path(sources, extra)
+
+    def steps(srcs, out):
+        if len(srcs) == 1:
+            return [[command(srcs[0], out, extra)]]
+        objs = [src[:-2] + ".o" for src in srcs]
+        return [[object_command(src, obj, extra) for src, obj in zip(srcs, objs)],
+                [link_command(objs, out, extra)]]
+    return _publish(library_path(sources, extra), sources, steps)
+
+
+def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
+    """Build ``path`` unless it exists: the sources go to private temporary files,
+    ``steps(srcs, out)`` gives the command batches (each run at once) that build
+    ``out`` (objects are named ``src[:-2] + ".o"``), which then replaces ``path``
+    atomically. Nothing is left behind."""
     if path.exists():
         return path, False
-    directory = path.parent
     temps = []
     try:
         srcs = []
         for source in sources:
-            fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=directory)
+            fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=path.parent)
             temps.append(tmp_src)
             with os.fdopen(fd, "w") as f:
                 f.write(source)
             srcs.append(tmp_src)
         tmp_out = srcs[0][:-2] + ".so"
-        temps.append(tmp_out)
-        if len(srcs) == 1:
-            _run([command(srcs[0], tmp_out, extra)])
-        else:
-            objs = [src[:-2] + ".o" for src in srcs]
-            temps += objs
-            _run([object_command(src, obj, extra) for src, obj in zip(srcs, objs)])
-            _run([link_command(objs, tmp_out, extra)])
+        temps += [tmp_out] + [src[:-2] + ".o" for src in srcs]   # objects, if any
+        for batch in steps(srcs, tmp_out):
+            _run(batch)
         os.chmod(tmp_out, 0o600)
         os.replace(tmp_out, path)
     finally:
@@ -234,37 +242,30 @@ def build(sources, extra=()) -> tuple[Path, bool]:
     return path, True
 
 
+def extension_command(src: str, out: str) -> list[str]:
+    """The command that builds a CPython extension module against this
+    interpreter's headers (``$CA_C_EXTRA_FLAGS`` apply too)."""
+    import sysconfig
+    include = sysconfig.get_paths()["include"]
+    return shlex.split(compiler()) + ["-O2", "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
+                                      *env_flags(), f"-I{include}", src, "-o", out]
+
+
 def build_extension(source: str, name: str) -> tuple[Path, bool]:
     """(path, whether this call compiled it) of a CPython extension module ``name``
-    built from ``source`` against this interpreter's headers, in the same cache
-    (``$CA_C_EXTRA_FLAGS`` apply too). Its name carries the hash of the source, the
-    command and the interpreter's ABI (``EXT_SUFFIX``), so another Python never
-    loads it."""
+    built from ``source`` (``extension_command``), in the same cache. Its name
+    carries the hash of the source, the command and the interpreter's ABI
+    (``EXT_SUFFIX``), so another Python never loads it."""
     import sysconfig
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise CBuildError(f"Python.h not found in {include}: install the Python development "
                           f"headers (e.g. python3-dev) to build {name}")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    cmd = shlex.split(compiler()) + ["-O2", "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
-                                     *env_flags(), f"-I{include}"]
+    cmd = extension_command("SRC", "OUT")
     digest = hashlib.sha256("\0".join(cmd + [suffix, source]).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{name}_{digest}{suffix}"
-    if path.exists():
-        return path, False
-    fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=path.parent)
-    tmp_out = tmp_src[:-2] + suffix
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        _run([cmd + [tmp_src, "-o", tmp_out]])
-        os.chmod(tmp_out, 0o600)
-        os.replace(tmp_out, path)
-    finally:
-        for leftover in (tmp_src, tmp_out):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-    return path, True
+    return _publish(cache_dir() / f"{name}_{digest}{suffix}", [source],
+                    lambda srcs, out: [[extension_command(srcs[0], out)]])
 
 
 def _run(commands) -> None:

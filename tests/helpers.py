@@ -29,6 +29,18 @@ MLP = dict(layers=2, width=8, batch=4)
 TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)
 
 
+def profile_backward(loss, backend=None, unpack="progressive"):
+    """The memory profile of ``loss.backward()``: eager (``backend=None``) or
+    compiled with ``backend`` and ``unpack``."""
+    with ca.memory.profile(tracemalloc_witness=False) as prof:
+        if backend is None:
+            loss.backward()
+        else:
+            with ca.compiled_backward(backend=backend, unpack=unpack):
+                loss.backward()
+    return prof
+
+
 def on_c(fn):
     """Run ``fn`` (a backward) under the C backend."""
     with ca.compiled_backward(backend="c"):

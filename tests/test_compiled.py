@@ -11,6 +11,7 @@ import pytest
 
 import compiled_autograd as ca
 from compiled_autograd.examples import build
+from helpers import profile_backward
 from op_cases import CASES, make_inputs
 
 BACKEND = "eager"
@@ -335,14 +336,7 @@ def test_compiled_backward_frees_saved_values_progressively():
 
 def _backward_peak(unpack, checkpoint="layer", offload=False):
     ex = build("transformer", checkpoint=checkpoint, offload=offload)  # the bundled size
-    loss = ex.loss()
-    with ca.memory.profile(tracemalloc_witness=False) as prof:
-        if unpack is None:
-            loss.backward()
-        else:
-            with ca.compiled_backward(backend=BACKEND, unpack=unpack):
-                loss.backward()
-    return prof.peak_bytes
+    return profile_backward(ex.loss(), None if unpack is None else BACKEND, unpack).peak_bytes
 
 
 @pytest.mark.parametrize("checkpoint,offload", [("layer", False), ("none", True)])

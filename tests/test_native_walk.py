@@ -31,20 +31,6 @@ class _Walks:
     compared = 0
 
 
-def _python_walk():
-    class Off:
-        def __enter__(self):
-            self.old = os.environ.get("CA_NATIVE_WALK")
-            os.environ["CA_NATIVE_WALK"] = "0"
-
-        def __exit__(self, *exc):
-            if self.old is None:
-                del os.environ["CA_NATIVE_WALK"]
-            else:
-                os.environ["CA_NATIVE_WALK"] = self.old
-    return Off()
-
-
 def _outcome(prepare, *args):
     try:
         return prepare(*args, record=False)
@@ -83,7 +69,7 @@ def both_walks(monkeypatch):
     def checked(roots, input_edges, accumulate, record=True):
         if record:
             return real(roots, input_edges, accumulate, record)
-        with _python_walk():
+        with native_walk.disabled():
             py = _outcome(real, roots, input_edges, accumulate)
         c = _outcome(real, roots, input_edges, accumulate)
         assert_same_walk(py, c)
@@ -108,7 +94,7 @@ def test_the_c_walk_collects_what_the_python_walk_does(name, kw):
         ex.loss().backward()                 # a miss: traced
     before = _Walks.compared
     roots = engine._make_root_grads([ex.loss()], None, False)
-    with _python_walk():
+    with native_walk.disabled():
         py = _prepare_plain(roots)
     c = _prepare_plain(roots, native=True)
     assert_same_walk(py, c)
@@ -160,19 +146,24 @@ def test_without_a_compiler_the_python_walk_runs(monkeypatch, tmp_path):
     assert native_walk.status().startswith("native: ")
 
 
-def test_ca_native_walk_0_turns_it_off(monkeypatch):
-    monkeypatch.setenv("CA_NATIVE_WALK", "0")
-    assert native_walk.module() is None
-    assert native_walk.status() == "python: disabled by CA_NATIVE_WALK=0"
+def test_ca_native_walk_0_turns_it_off():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", "from compiled_autograd import native_walk; "
+                           "print(native_walk.module(), native_walk.status())"],
+                          env=dict(os.environ, CA_NATIVE_WALK="0"), capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "None python: disabled by CA_NATIVE_WALK=0"
+    with native_walk.disabled():
+        assert native_walk.module() is None
+    assert native_walk.module() is not None
 
 
 def test_the_walk_compiles_without_warnings(tmp_path):
     import subprocess
-    import sysconfig
 
     from runtime import cbuild
-    include = sysconfig.get_paths()["include"]
-    done = subprocess.run([cbuild.compiler(), "-O2", "-fPIC", "-shared", "-std=c11", "-Wall",
-                           "-Wextra", f"-I{include}", str(native_walk.SOURCE), "-o",
-                           str(tmp_path / "walk.so")], capture_output=True, text=True)
+    done = subprocess.run(cbuild.extension_command(str(native_walk.SOURCE),
+                                                   str(tmp_path / "walk.so")),
+                          capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -4,19 +4,14 @@ import pytest
 
 import compiled_autograd as ca
 from compiled_autograd.examples import build
+from helpers import profile_backward
 
 
 def _measure(checkpoint="layer", offload=False, unpack="progressive", backend="python"):
     ex = build("transformer", checkpoint=checkpoint, offload=offload)
     loss = ex.loss()
     plan = ca.trace_backward(loss, unpack=unpack).memory_schedule()
-    with ca.memory.profile(tracemalloc_witness=False) as prof:
-        if backend is None:
-            loss.backward()
-        else:
-            with ca.compiled_backward(backend=backend, unpack=unpack):
-                loss.backward()
-    return plan, prof
+    return plan, profile_backward(loss, backend, unpack)
 
 
 @pytest.mark.parametrize("checkpoint,offload", [("layer", False), ("none", True),
