@@ -183,8 +183,11 @@ def test_matmul_with_one_row_and_a_broadcast_gradient(capfd):
 def test_two_threads_run_one_compiled_backward_with_callbacks():
     """Callbacks find their own thread's call (each thread has its frames)."""
     import threading
+    # Built here, not in the threads: build() seeds and draws from ca's one global
+    # RNG, so two threads building at once would interleave draws (as torch's would).
+    models = [build("mlp", layers=3, width=8, batch=4, checkpoint="layer") for _ in range(2)]
     def run(results, i):
-        ex = build("mlp", layers=3, width=8, batch=4, checkpoint="layer")
+        ex = models[i]
         for _ in range(5):
             ex.zero_grad()
             _on_c(ex.loss().backward)
@@ -195,6 +198,7 @@ def test_two_threads_run_one_compiled_backward_with_callbacks():
         t.start()
     for t in threads:
         t.join()
+    assert sorted(results) == [0, 1], "a thread raised"
     ex = build("mlp", layers=3, width=8, batch=4, checkpoint="layer")
     ex.loss().backward()
     for grads in results.values():

@@ -166,3 +166,20 @@ def test_save_on_disk_files_go_after_a_failed_backward(tmp_path):
     del loss, bad
     gc.collect()
     assert _offload_files(tmp_path) == []
+
+
+def test_save_on_disk_reloads_views_and_refuses_a_changed_file(tmp_path):
+    base = ca.randn(3, 4, requires_grad=True)
+    with save_on_disk(str(tmp_path)):
+        view = base.t()[1:]                # a non-contiguous view is saved by mul
+        loss = (view * view).sum()
+    loss.backward(retain_graph=True)
+    expected = np.zeros((3, 4), np.float32)
+    expected.T[1:] = 2 * base.detach().numpy().T[1:]
+    np.testing.assert_allclose(base.grad.numpy(), expected, rtol=1e-6)
+    name = _offload_files(tmp_path)[0]
+    with open(tmp_path / name, "r+b") as f:
+        f.truncate(4)
+    with pytest.raises(RuntimeError, match=r"save_on_disk: the file .* was changed: "
+                                           r"4 bytes, expected 36"):
+        loss.backward()

@@ -79,19 +79,26 @@ class save_on_disk(saved_tensors_hooks):
 
     def _pack(self, tensor):
         path_dir, keep_alive = self._dir()
-        fd, path = tempfile.mkstemp(suffix=".npy", dir=path_dir)
+        # Raw bytes in C order: the handle keeps shape and dtype, so no .npy header.
+        # (np.load parses its header with ast, which CPython 3.11 does not make safe
+        # for two threads at once: "AST constructor recursion depth mismatch".)
+        fd, path = tempfile.mkstemp(suffix=".raw", dir=path_dir)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.save(f, tensor._data, allow_pickle=False)
+                np.ascontiguousarray(tensor._data).tofile(f)
         except BaseException:
             _remove(path)
             raise
-        return _OffloadedTensor(path, tensor.shape, tensor.dtype, tensor._data.nbytes,
+        return _OffloadedTensor(path, tensor.shape, tensor._data.dtype, tensor._data.nbytes,
                                 keep_alive)
 
     @staticmethod
     def _unpack(handle):
         from compiled_autograd.tensor import Tensor
-        arr = np.load(handle.path, allow_pickle=False)
+        arr = np.fromfile(handle.path, dtype=handle.dtype)
+        if arr.nbytes != handle.nbytes:
+            raise RuntimeError(f"save_on_disk: the file {handle.path} holding a saved tensor "
+                               f"was changed: {arr.nbytes} bytes, expected {handle.nbytes}")
+        arr.shape = handle.shape  # in place: the array stays its memory's owner
         memory.on_array(arr, "reload", "reloaded")
         return Tensor._make(arr)
