@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiled_autograd import native_walk
 from compiled_autograd.saved_variable import SavedVariable
 
 
@@ -177,8 +178,20 @@ class CompiledNodeArgs:
         """This backward depends on something that cannot be keyed: trace it anew."""
         self.uncacheable_reason = self.uncacheable_reason or reason
 
-    def freeze(self) -> tuple:
-        return tuple(self.key)
+    def freeze(self) -> "Key":
+        return Key(self.key)
+
+
+class Key(tuple):
+    """A cache key: the tuple of key items, equal to and hashed as that plain tuple.
+    Its hash is native_walk.key_hash when the C walk is loaded: the same number as
+    tuple.__hash__, with the hash of every shared item (the C walk's tuples, the
+    same objects at every hit) computed once instead of at every hit."""
+    __slots__ = ()
+
+    def __hash__(self):
+        walk = native_walk.loaded()
+        return walk.key_hash(self) if walk is not None else tuple.__hash__(self)
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot

@@ -28,39 +28,161 @@ static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved,
    graph. Building it anew costs an allocation and, worse, work for the garbage
    collector (a hit's allocations set off a young-generation pass over everything
    the forward just made), and the cache lookup then compares it item by item. So
-   tuples are shared: a direct-mapped table keyed by the identity of the items.
-   A slot's tuple holds its items, so while it is there no other object can take
-   an item's address: identical items mean an equal tuple. The table keeps at
-   most TUPLE_SLOTS small tuples of key items (types, dtypes, ints, strings). */
-#define TUPLE_SLOTS 16384
-static PyObject *tuple_slots[TUPLE_SLOTS];
+   tuples are shared: a hash table keyed by the identity of the items. A tuple in
+   the table holds its items, so while it is there no other object can take an
+   item's address: identical items mean an equal tuple. The table is exact (open
+   addressing, linear probing), so the same items always find the same tuple and
+   the key stored at a miss stays identical, item by item, to every later hit's;
+   when it is half full it is emptied and fills again. It keeps at most
+   TUPLE_LIMIT small tuples of key items (types, dtypes, ints, strings). */
+#define TUPLE_SLOTS 32768                /* a power of two */
+#define TUPLE_LIMIT (TUPLE_SLOTS / 2)
+typedef struct {
+    PyObject *tuple;                     /* NULL: an empty slot */
+    Py_uhash_t ids;                      /* the hash of its items' identities */
+    Py_hash_t hash;                      /* hash(tuple), once asked; -1 before */
+} SharedSlot;
+static SharedSlot shared_slots[TUPLE_SLOTS];
+static Py_ssize_t shared_count;
 
-static PyObject *shared_tuple(PyObject *const *items, Py_ssize_t n)
+static Py_uhash_t identity_hash(PyObject *const *items, Py_ssize_t n)
 {
     Py_uhash_t h = (Py_uhash_t)n;
     for (Py_ssize_t i = 0; i < n; i++)
         h = (h ^ ((Py_uhash_t)(uintptr_t)items[i] >> 4)) * 0x100000001b3ULL;
-    PyObject **slot = &tuple_slots[(h ^ (h >> 29)) % TUPLE_SLOTS];
-    PyObject *t = *slot;
-    if (t != NULL && PyTuple_GET_SIZE(t) == n) {
-        Py_ssize_t i = 0;
-        while (i < n && PyTuple_GET_ITEM(t, i) == items[i])
-            i++;
-        if (i == n) {
-            Py_INCREF(t);
-            return t;
+    return h ^ (h >> 29);
+}
+
+/* The slot holding the tuple of exactly these items, or the empty slot where it
+   belongs. */
+static SharedSlot *shared_find(PyObject *const *items, Py_ssize_t n, Py_uhash_t ids)
+{
+    for (size_t i = ids;; i++) {
+        SharedSlot *slot = &shared_slots[i & (TUPLE_SLOTS - 1)];
+        PyObject *t = slot->tuple;
+        if (t == NULL)
+            return slot;
+        if (slot->ids == ids && PyTuple_GET_SIZE(t) == n) {
+            Py_ssize_t j = 0;
+            while (j < n && PyTuple_GET_ITEM(t, j) == items[j])
+                j++;
+            if (j == n)
+                return slot;
         }
     }
-    t = PyTuple_New(n);
+}
+
+/* Empty the table. The tuples are released only after it is consistent: their
+   deallocation may run Python code, which may come back here. */
+static void shared_clear(void)
+{
+    Py_ssize_t n = 0, cap = shared_count > 0 ? shared_count : 1;
+    PyObject **old = PyMem_Malloc(cap * sizeof(PyObject *));
+    for (size_t i = 0; i < TUPLE_SLOTS; i++) {
+        PyObject *t = shared_slots[i].tuple;
+        shared_slots[i].tuple = NULL;
+        if (t != NULL && old != NULL && n < cap)
+            old[n++] = t;       /* (with no memory for the array, they stay alive) */
+    }
+    shared_count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(old[i]);
+    PyMem_Free(old);
+}
+
+/* The shared tuple of these items. New reference. */
+static PyObject *shared_tuple(PyObject *const *items, Py_ssize_t n)
+{
+    Py_uhash_t ids = identity_hash(items, n);
+    SharedSlot *slot = shared_find(items, n, ids);
+    if (slot->tuple != NULL) {
+        Py_INCREF(slot->tuple);
+        return slot->tuple;
+    }
+    PyObject *t = PyTuple_New(n);
     if (t == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_INCREF(items[i]);
         PyTuple_SET_ITEM(t, i, items[i]);
     }
+    /* The allocation may have run the garbage collector, hence Python code, hence
+       another thread's walk: look again before inserting. */
+    if (shared_count >= TUPLE_LIMIT)
+        shared_clear();
+    slot = shared_find(items, n, ids);
+    if (slot->tuple != NULL) {
+        PyObject *found = slot->tuple;
+        Py_INCREF(found);
+        Py_DECREF(t);
+        return found;
+    }
+    slot->tuple = t;
+    slot->ids = ids;
+    slot->hash = -1;
+    shared_count++;
     Py_INCREF(t);
-    Py_XSETREF(*slot, t);      /* the old tuple goes after the slot is consistent */
     return t;
+}
+
+/* key_hash(key): hash(key) for a tuple of key items, equal to tuple.__hash__
+   (CPython's xxHash-based tuplehash, on the items' hashes) but with the hash of
+   each shared item computed once and kept in the table: a hit's key has hundreds
+   of nested tuples, and tuples do not keep their hash. */
+#if SIZEOF_PY_UHASH_T > 4
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#else
+#define XXPRIME_1 ((Py_uhash_t)2654435761UL)
+#define XXPRIME_2 ((Py_uhash_t)2246822519UL)
+#define XXPRIME_5 ((Py_uhash_t)374761393UL)
+#define XXROTATE(x) ((x << 13) | (x >> 19))
+#endif
+
+static Py_hash_t item_hash(PyObject *item)
+{
+    Py_ssize_t n = PyTuple_CheckExact(item) ? PyTuple_GET_SIZE(item) : 0;
+    if (n == 0)
+        return PyObject_Hash(item);
+    PyObject *const *items = &PyTuple_GET_ITEM(item, 0);
+    Py_uhash_t ids = identity_hash(items, n);
+    SharedSlot *slot = shared_find(items, n, ids);
+    if (slot->tuple != item)
+        return PyObject_Hash(item);
+    if (slot->hash != -1)
+        return slot->hash;
+    Py_hash_t h = PyObject_Hash(item);
+    if (h == -1)
+        return -1;
+    slot = shared_find(items, n, ids);   /* the hash may have run Python code */
+    if (slot->tuple == item)
+        slot->hash = h;
+    return h;
+}
+
+static PyObject *key_hash(PyObject *self, PyObject *key)
+{
+    (void)self;
+    if (!PyTuple_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "key_hash: the key is a tuple");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(key);
+    Py_uhash_t acc = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_hash_t lane = item_hash(PyTuple_GET_ITEM(key, i));
+        if (lane == -1)
+            return NULL;
+        acc += (Py_uhash_t)lane * XXPRIME_2;
+        acc = XXROTATE(acc);
+        acc *= XXPRIME_1;
+    }
+    acc += (Py_uhash_t)n ^ (XXPRIME_5 ^ 3527539UL);
+    if (acc == (Py_uhash_t)-1)
+        return PyLong_FromSsize_t(1546275796);
+    return PyLong_FromSsize_t((Py_hash_t)acc);
 }
 
 /* The int ``rank``, the same object at every hit (ranks past 256 are not cached
@@ -662,6 +784,7 @@ static PyMethodDef methods[] = {
      "GraphTask._discover in C."},
     {"collect_nodes", (PyCFunction)(void (*)(void))collect_nodes, METH_FASTCALL,
      "tracer.collect's node loop (record=False) in C."},
+    {"key_hash", key_hash, METH_O, "hash(key), with the shared items' hashes kept."},
     {NULL, NULL, 0, NULL},
 };
 

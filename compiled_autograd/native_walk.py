@@ -51,6 +51,11 @@ def module():
     return _module
 
 
+def loaded():
+    """The C module if it is already loaded, else None; never builds it."""
+    return _module
+
+
 @contextlib.contextmanager
 def disabled():
     """The Python walks, for the duration (as ``CA_NATIVE_WALK=0`` does for a whole

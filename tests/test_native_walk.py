@@ -49,6 +49,7 @@ def assert_same_walk(py, c):
     assert task_p.index == task_c.index
     assert [tuple(e) for e in task_p.edges] == [tuple(e) for e in task_c.edges]
     assert key_p == key_c
+    assert hash(key_c) == tuple.__hash__(key_c) == hash(key_p)   # key_hash is tuple's hash
     assert col_p.sizes == col_c.sizes and col_p.scalars == col_c.scalars
     for field in ("saved", "inputs", "hooks", "packed_data", "release_nodes"):
         ours, theirs = getattr(col_p, field), getattr(col_c, field)
@@ -102,6 +103,57 @@ def test_the_c_walk_collects_what_the_python_walk_does(name, kw):
     with ca.compiled_backward(backend="python"):
         ex.loss().backward()                 # a hit, compared by the fixture
     assert _Walks.compared > before
+
+
+def _chain_loss(x, n):
+    h = x
+    for i in range(n):
+        h = h * 1.001 if i % 2 else h.sin()
+    return h.sum()
+
+
+def test_a_hit_key_is_the_stored_key_item_for_item():
+    """The shared tuples are found again exactly: the key stored at the miss and a
+    later hit's key hold the same objects (all but the per-hit roots and sizes), so
+    the cache lookup compares them by identity."""
+    x = ca.tensor(np.arange(1.0, 17.0, dtype=np.float32), requires_grad=True)
+    ca.reset_compiled_autograd()
+    with ca.compiled_backward(backend="python"):
+        _chain_loss(x, 200).backward()
+    (stored,) = [k[-1] for k in compiled._cache]
+    roots = engine._make_root_grads([_chain_loss(x, 200)], None, False)
+    key = _prepare_plain(roots, native=True)[2]
+    assert key == stored
+    different = [a for a, b in zip(stored, key) if a is not b]
+    assert [item[0] for item in different] == ["roots", "sizes"]
+
+
+def test_more_shared_tuples_than_the_table_keeps():
+    """A graph with more distinct key tuples than the table holds (16384) empties
+    it mid-walk: the keys stay equal, hash alike, and the backward is right."""
+    x = ca.tensor(np.linspace(0.1, 0.2, 4), requires_grad=True)
+    ca.reset_compiled_autograd()
+    grads = []
+    for _ in range(2):
+        x.grad = None
+        with ca.compiled_backward(backend="python"):
+            _chain_loss(x, 9000).backward()     # two new tuples per node
+        grads.append(x.grad.numpy().copy())
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1
+    roots = engine._make_root_grads([_chain_loss(x, 9000)], None, False)
+    tuples = set()
+
+    def walk(t):
+        if isinstance(t, tuple) and id(t) not in tuples:
+            tuples.add(id(t))
+            for item in t:
+                walk(item)
+    walk(_prepare_plain(roots, native=True)[2])
+    assert len(tuples) > 16384            # so the table was emptied during the walk
+    x.grad = None
+    _chain_loss(x, 9000).backward()
+    np.testing.assert_allclose(grads[0], x.grad.numpy(), rtol=1e-12)
+    np.testing.assert_array_equal(grads[0], grads[1])
 
 
 def _prepare_plain(roots, native=False):
