@@ -9,18 +9,76 @@
                     variable, goes to the Python code itself (the ``slow`` and
                     ``saved_slow`` callables), so the rules are written once.
 
-   Only what a Python object exposes is read: attributes by name, no struct
-   layouts. A plain node's ``shapes`` and ``saved``, every shape, and each
+   Only what a Python object exposes is read: attributes by name, or a
+   __slots__ member at the offset its type's member descriptor gives (get_attr),
+   no other struct layout. A plain node's ``shapes`` and ``saved``, every shape, and each
    ``next_functions`` entry are tuples (as PrimBackward and Node make them);
    anything else is a TypeError, never a guess. Every function returns NULL with
    the Python error set on failure. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved,
     *s_hooked, *s_variable, *s_backward_hooks, *s_post_acc_hooks, *s_data, *s_tensor,
     *s_unpack_hook, *s_released, *s_version_counter, *s_value, *s_saved_version,
     *s_shape, *s_dtype, *s_node, *s_edges, *s_scalar, *s_leaf, *s__saved;
+
+/* ------------------------------------------------------------ attribute reads */
+
+/* The walks read about fifteen attributes per node, nearly all __slots__ members
+   (Node, PrimBackward, AccumulateGrad, SavedVariable, VersionCounter, Tensor).
+   PyObject_GetAttr finds a member through the type's method cache and then its
+   descriptor, about 10 ns; but a member lives at a fixed offset for its type, so
+   the offset is kept per type and the member read there. A type's entry holds
+   while the type's version tag does (CPython gives a type a new tag whenever it
+   or a base changes). Anything else -- a type with its own getattr, a property,
+   an instance-dict attribute, an unset slot -- is read by PyObject_GetAttr. */
+#define ATTR_TYPES 32
+typedef struct {
+    PyTypeObject *type;
+    unsigned int tag;
+    Py_ssize_t offset;           /* -1: not a plain member for this type */
+} AttrEntry;
+typedef struct {
+    PyObject *name;
+    AttrEntry entries[ATTR_TYPES];
+} Attr;
+
+static Attr a_next_functions, a_params, a_shapes, a_dtypes, a_saved, a_variable, a_backward_hooks, a_post_acc_hooks, a_data, a_tensor, a_unpack_hook, a_released, a_version_counter, a_value, a_saved_version, a_shape, a_dtype;
+
+/* getattr(obj, a->name). New reference. */
+static PyObject *get_attr(PyObject *obj, Attr *a)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    AttrEntry *e = &a->entries[((uintptr_t)tp >> 6) % ATTR_TYPES];
+    if (e->type != tp || e->tag != tp->tp_version_tag ||
+        !PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        Py_ssize_t offset = -1;
+        e->type = NULL;
+        if (tp->tp_getattro == PyObject_GenericGetAttr) {
+            PyObject *d = _PyType_Lookup(tp, a->name);     /* borrowed; sets the tag */
+            if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+                PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+                if (m->type == T_OBJECT_EX)
+                    offset = m->offset;
+            }
+        }
+        if (!PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
+            return PyObject_GetAttr(obj, a->name);
+        e->type = tp;
+        e->tag = tp->tp_version_tag;
+        e->offset = offset;
+    }
+    if (e->offset >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + e->offset);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return PyObject_GetAttr(obj, a->name);   /* (an unset slot: its AttributeError) */
+}
 
 /* ------------------------------------------------------------ shared tuples */
 
@@ -248,7 +306,7 @@ static PyObject *discover(PyObject *self, PyObject *const *args, Py_ssize_t narg
             Py_DECREF(fn);
             goto fail;
         }
-        PyObject *next = PyObject_GetAttr(fn, s_next_functions);
+        PyObject *next = get_attr(fn, &a_next_functions);
         Py_DECREF(fn);
         if (next == NULL)
             goto fail;
@@ -340,9 +398,9 @@ static int extend(PyObject *list, PyObject *tuple)
 }
 
 /* bool(getattr(obj, name)), -1 on error. */
-static int attr_true(PyObject *obj, PyObject *name)
+static int attr_true(PyObject *obj, Attr *a)
 {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = get_attr(obj, a);
     if (v == NULL)
         return -1;
     int t = PyObject_IsTrue(v);
@@ -368,12 +426,12 @@ static int has_hooks(PyObject *fn, int is_leaf_sink)
     Py_XDECREF(flag);
     if (hooked || !is_leaf_sink)
         return hooked;
-    PyObject *variable = PyObject_GetAttr(fn, s_variable);
+    PyObject *variable = get_attr(fn, &a_variable);
     if (variable == NULL)
         return -1;
-    hooked = attr_true(variable, s_backward_hooks);
+    hooked = attr_true(variable, &a_backward_hooks);
     if (hooked == 0)
-        hooked = attr_true(variable, s_post_acc_hooks);
+        hooked = attr_true(variable, &a_post_acc_hooks);
     Py_DECREF(variable);
     return hooked;
 }
@@ -461,22 +519,22 @@ typedef struct {
    any other case, what the Python method returns. */
 static PyObject *collect_saved(Walk *w, PyObject *fn, PyObject *sv)
 {
-    PyObject *hook = PyObject_GetAttr(sv, s_unpack_hook);
+    PyObject *hook = get_attr(sv, &a_unpack_hook);
     if (hook == NULL)
         return NULL;
     int plain = hook == Py_None;
     Py_DECREF(hook);
     if (plain) {
-        PyObject *released = PyObject_GetAttr(sv, s_released);
+        PyObject *released = get_attr(sv, &a_released);
         if (released == NULL)
             return NULL;
         plain = released == Py_False;
         Py_DECREF(released);
     }
     if (plain) {
-        PyObject *counter = PyObject_GetAttr(sv, s_version_counter);
-        PyObject *now = counter ? PyObject_GetAttr(counter, s_value) : NULL;
-        PyObject *then = now ? PyObject_GetAttr(sv, s_saved_version) : NULL;
+        PyObject *counter = get_attr(sv, &a_version_counter);
+        PyObject *now = counter ? get_attr(counter, &a_value) : NULL;
+        PyObject *then = now ? get_attr(sv, &a_saved_version) : NULL;
         plain = then ? PyObject_RichCompareBool(now, then, Py_EQ) : -1;
         Py_XDECREF(counter);
         Py_XDECREF(now);
@@ -489,10 +547,10 @@ static PyObject *collect_saved(Walk *w, PyObject *fn, PyObject *sv)
             return NULL;
         return PyObject_CallOneArg(w->saved_slow, sv);
     }
-    PyObject *tensor = PyObject_GetAttr(sv, s_tensor);
+    PyObject *tensor = get_attr(sv, &a_tensor);
     if (tensor == NULL)
         return NULL;
-    PyObject *data = PyObject_GetAttr(tensor == Py_None ? sv : tensor, s_data);
+    PyObject *data = get_attr(tensor == Py_None ? sv : tensor, &a_data);
     Py_DECREF(tensor);
     if (data == NULL)
         return NULL;
@@ -500,12 +558,12 @@ static PyObject *collect_saved(Walk *w, PyObject *fn, PyObject *sv)
     Py_DECREF(data);
     if (bad)
         return NULL;
-    PyObject *shape = PyObject_GetAttr(sv, s_shape);
+    PyObject *shape = get_attr(sv, &a_shape);
     if (shape == NULL)
         return NULL;
     PyObject *item = NULL;
     if (extend(w->sizes, shape) == 0) {
-        PyObject *dtype = PyObject_GetAttr(sv, s_dtype);
+        PyObject *dtype = get_attr(sv, &a_dtype);
         if (dtype != NULL) {
             item = saved_meta(dtype, PyTuple_GET_SIZE(shape));
             Py_DECREF(dtype);
@@ -573,7 +631,7 @@ static PyObject *collect_saved_items(Walk *w, PyObject *fn, PyObject *saved)
 /* CompiledNodeArgs.collect_prim_node with record=False. */
 static int collect_prim(Walk *w, PyObject *fn)
 {
-    PyObject *params = PyObject_GetAttr(fn, s_params), *split = NULL;
+    PyObject *params = get_attr(fn, &a_params), *split = NULL;
     if (params == NULL)
         return -1;
     int nonempty = PyObject_IsTrue(params);
@@ -606,7 +664,7 @@ static int collect_prim(Walk *w, PyObject *fn)
     }
     if (extend(w->sizes, PyTuple_GET_ITEM(split, 1)) < 0)
         goto done;
-    shapes = PyObject_GetAttr(fn, s_shapes);
+    shapes = get_attr(fn, &a_shapes);
     if (shapes == NULL || !PyTuple_Check(shapes)) {
         if (shapes != NULL)
             PyErr_SetString(PyExc_TypeError, "node.shapes must be a tuple");
@@ -639,7 +697,7 @@ static int collect_prim(Walk *w, PyObject *fn)
             ndims_cache[code][PyTuple_GET_SIZE(shapes)] = ndims;
         }
     }
-    saved = PyObject_GetAttr(fn, s_saved);
+    saved = get_attr(fn, &a_saved);
     if (saved == NULL || !PyTuple_Check(saved)) {
         if (saved != NULL)
             PyErr_SetString(PyExc_TypeError, "node.saved must be a tuple");
@@ -648,7 +706,7 @@ static int collect_prim(Walk *w, PyObject *fn)
     saved_keys = collect_saved_items(w, fn, saved);
     if (saved_keys == NULL)
         goto done;
-    dtypes = PyObject_GetAttr(fn, s_dtypes);
+    dtypes = get_attr(fn, &a_dtypes);
     if (dtypes == NULL)
         goto done;
     if (PyTuple_CheckExact(dtypes) && PyTuple_GET_SIZE(dtypes) > 0)
@@ -674,10 +732,10 @@ done:
 /* CompiledNodeArgs.collect_leaf with record=False. */
 static int collect_leaf(Walk *w, PyObject *fn)
 {
-    PyObject *variable = PyObject_GetAttr(fn, s_variable);
-    PyObject *data = variable ? PyObject_GetAttr(variable, s_data) : NULL;
-    PyObject *shape = data ? PyObject_GetAttr(data, s_shape) : NULL;
-    PyObject *dtype = shape ? PyObject_GetAttr(data, s_dtype) : NULL;
+    PyObject *variable = get_attr(fn, &a_variable);
+    PyObject *data = variable ? get_attr(variable, &a_data) : NULL;
+    PyObject *shape = data ? get_attr(data, &a_shape) : NULL;
+    PyObject *dtype = shape ? get_attr(data, &a_dtype) : NULL;
     PyObject *item = NULL;
     int rc = -1;
     if (dtype == NULL)
@@ -811,6 +869,10 @@ PyMODINIT_FUNC PyInit__native_walk(void)
         intern(&s_dtype, "dtype") || intern(&s_node, "node") || intern(&s_edges, "edges") ||
         intern(&s_scalar, "scalar") || intern(&s_leaf, "leaf") || intern(&s__saved, "_saved"))
         return NULL;
+    Attr *attrs[] = {&a_next_functions, &a_params, &a_shapes, &a_dtypes, &a_saved, &a_variable, &a_backward_hooks, &a_post_acc_hooks, &a_data, &a_tensor, &a_unpack_hook, &a_released, &a_version_counter, &a_value, &a_saved_version, &a_shape, &a_dtype};
+    PyObject *attr_names[] = {s_next_functions, s_params, s_shapes, s_dtypes, s_saved, s_variable, s_backward_hooks, s_post_acc_hooks, s_data, s_tensor, s_unpack_hook, s_released, s_version_counter, s_value, s_saved_version, s_shape, s_dtype};
+    for (size_t i = 0; i < sizeof attrs / sizeof *attrs; i++)
+        attrs[i]->name = attr_names[i];
     saved_meta_cache = PyDict_New();
     rank_ints = PyList_New(0);
     if (saved_meta_cache == NULL || rank_ints == NULL)

@@ -30,6 +30,11 @@ _sequence = itertools.count()
 class Node:
     """Base of every autograd node."""
 
+    # The attributes every walk reads are members (read by offset: native_walk.c);
+    # hooks and a custom Function's ctx attributes live in the instance __dict__.
+    __slots__ = ("next_functions", "input_metadata", "_sequence_nr", "_metadata",
+                 "__dict__", "__weakref__")
+
     # AccumulateGrad runs as soon as it is ready (torch gives it the top priority).
     _priority = 1
     accumulates_grad = False   # True for AccumulateGrad: its ``variable`` is a leaf
@@ -95,6 +100,7 @@ class PrimBackward(Node):
     """The backward of one prim call. Subclassed once per prim (see node_class)."""
 
     prim = None  # set on each subclass
+    __slots__ = ("saved", "params", "shapes", "dtypes")
 
     def __init__(self, next_functions, input_metadata, saved, params, shapes, dtypes):
         super().__init__(next_functions, input_metadata)
@@ -210,6 +216,7 @@ class AccumulateGrad(Node):
 
     _priority = 0
     accumulates_grad = True
+    __slots__ = ("variable",)
 
     def __init__(self, variable):
         super().__init__((), ((variable.shape, variable.dtype),))

@@ -219,3 +219,18 @@ def test_the_walk_compiles_without_warnings(tmp_path):
                                                    str(tmp_path / "walk.so")),
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_a_changed_class_is_read_anew(monkeypatch):
+    """The C walk reads __slots__ members at offsets kept per type; a type changed
+    since (here a member replaced by a property) must be read through Python."""
+    from compiled_autograd.saved_variable import SavedVariable
+    x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
+    for _ in range(2):                        # a miss, then a hit: the offsets are kept
+        with ca.compiled_backward(backend="python"):
+            (x.exp() * 2).sum().backward()
+    loss = (x.exp() * 2).sum()
+    monkeypatch.setattr(SavedVariable, "released", property(lambda self: True))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        with ca.compiled_backward(backend="python"):
+            loss.backward()
