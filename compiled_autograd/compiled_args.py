@@ -186,7 +186,9 @@ class Key(tuple):
     """A cache key: the tuple of key items, equal to and hashed as that plain tuple.
     Its hash is native_walk.key_hash when the C walk is loaded: the same number as
     tuple.__hash__, with the hash of every shared item (the C walk's tuples, the
-    same objects at every hit) computed once instead of at every hit."""
+    same objects at every hit) computed once instead of at every hit. Like any
+    dict key, it assumes its items' hashes never change (types, dtypes, numbers,
+    strings and tuples of them)."""
     __slots__ = ()
 
     def __hash__(self):

@@ -34,6 +34,11 @@ static PyObject *s_next_functions, *s_params, *s_shapes, *s_dtypes, *s_saved,
    while the type's version tag does (CPython gives a type a new tag whenever it
    or a base changes). Anything else -- a type with its own getattr, a property,
    an instance-dict attribute, an unset slot -- is read by PyObject_GetAttr. */
+#ifdef Py_AUDIT_READ
+#define AUDITED_READ Py_AUDIT_READ
+#else
+#define AUDITED_READ READ_RESTRICTED
+#endif
 #define ATTR_TYPES 32
 typedef struct {
     PyTypeObject *type;
@@ -58,9 +63,12 @@ static PyObject *get_attr(PyObject *obj, Attr *a)
         e->type = NULL;
         if (tp->tp_getattro == PyObject_GenericGetAttr) {
             PyObject *d = _PyType_Lookup(tp, a->name);     /* borrowed; sets the tag */
-            if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            /* A member of this type or a base (a class may hold another class's
+               descriptor: Python then raises, so must we), not audited. */
+            if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
                 PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-                if (m->type == T_OBJECT_EX)
+                if (m->type == T_OBJECT_EX && !(m->flags & AUDITED_READ))
                     offset = m->offset;
             }
         }
@@ -186,7 +194,10 @@ static PyObject *shared_tuple(PyObject *const *items, Py_ssize_t n)
 /* key_hash(key): hash(key) for a tuple of key items, equal to tuple.__hash__
    (CPython's xxHash-based tuplehash, on the items' hashes) but with the hash of
    each shared item computed once and kept in the table: a hit's key has hundreds
-   of nested tuples, and tuples do not keep their hash. */
+   of nested tuples, and tuples do not keep their hash. This assumes, as every
+   dict key does, that the items' hashes do not change: key items are types,
+   dtypes, ints, floats, strings and tuples of them. (An item whose hash did change
+   would give a cache miss, never a wrong graph: the lookup still compares keys.) */
 #if SIZEOF_PY_UHASH_T > 4
 #define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
 #define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
@@ -837,12 +848,23 @@ fail:
 
 /* ------------------------------------------------------------------ module */
 
+static PyObject *clear_shared(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    shared_clear();
+    Py_RETURN_NONE;
+}
+
+
 static PyMethodDef methods[] = {
     {"discover", (PyCFunction)(void (*)(void))discover, METH_FASTCALL,
      "GraphTask._discover in C."},
     {"collect_nodes", (PyCFunction)(void (*)(void))collect_nodes, METH_FASTCALL,
      "tracer.collect's node loop (record=False) in C."},
     {"key_hash", key_hash, METH_O, "hash(key), with the shared items' hashes kept."},
+    {"clear_shared", clear_shared, METH_NOARGS,
+     "Empty the table of shared tuples (as happens when it is half full)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -877,5 +899,8 @@ PyMODINIT_FUNC PyInit__native_walk(void)
     rank_ints = PyList_New(0);
     if (saved_meta_cache == NULL || rank_ints == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    if (mod != NULL && PyModule_AddIntConstant(mod, "SHARED_TUPLE_LIMIT", TUPLE_LIMIT) < 0)
+        Py_CLEAR(mod);
+    return mod;
 }

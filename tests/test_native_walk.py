@@ -49,7 +49,9 @@ def assert_same_walk(py, c):
     assert task_p.index == task_c.index
     assert [tuple(e) for e in task_p.edges] == [tuple(e) for e in task_c.edges]
     assert key_p == key_c
-    assert hash(key_c) == tuple.__hash__(key_c) == hash(key_p)   # key_hash is tuple's hash
+    assert hash(key_c) == tuple.__hash__(key_c) == hash(key_p)
+    walk = native_walk.loaded()             # (none in the no-compiler test)
+    assert walk is None or walk.key_hash(key_c) == tuple.__hash__(key_c)
     assert col_p.sizes == col_c.sizes and col_p.scalars == col_c.scalars
     for field in ("saved", "inputs", "hooks", "packed_data", "release_nodes"):
         ours, theirs = getattr(col_p, field), getattr(col_c, field)
@@ -118,6 +120,7 @@ def test_a_hit_key_is_the_stored_key_item_for_item():
     the cache lookup compares them by identity."""
     x = ca.tensor(np.arange(1.0, 17.0, dtype=np.float32), requires_grad=True)
     ca.reset_compiled_autograd()
+    native_walk.module().clear_shared()    # not emptied (when half full) in between
     with ca.compiled_backward(backend="python"):
         _chain_loss(x, 200).backward()
     (stored,) = [k[-1] for k in compiled._cache]
@@ -149,7 +152,7 @@ def test_more_shared_tuples_than_the_table_keeps():
             for item in t:
                 walk(item)
     walk(_prepare_plain(roots, native=True)[2])
-    assert len(tuples) > 16384            # so the table was emptied during the walk
+    assert len(tuples) > native_walk.module().SHARED_TUPLE_LIMIT   # so it was emptied
     x.grad = None
     _chain_loss(x, 9000).backward()
     np.testing.assert_allclose(grads[0], x.grad.numpy(), rtol=1e-12)
@@ -234,3 +237,17 @@ def test_a_changed_class_is_read_anew(monkeypatch):
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         with ca.compiled_backward(backend="python"):
             loss.backward()
+
+
+def test_a_borrowed_slot_descriptor_is_refused_as_python_does():
+    """A class holding another class's member descriptor: getattr raises, and the
+    C walk's offset reads must not read the other layout (it once crashed)."""
+    from compiled_autograd.node import Node
+
+    class Plain:
+        next_functions = Node.__dict__["next_functions"]
+    with pytest.raises(TypeError) as python_error:
+        Plain().next_functions
+    with pytest.raises(TypeError) as c_error:
+        native_walk.module().discover([Plain()], {}, [], [], [])
+    assert str(c_error.value) == str(python_error.value)

@@ -79,13 +79,14 @@ class save_on_disk(saved_tensors_hooks):
 
     def _pack(self, tensor):
         path_dir, keep_alive = self._dir()
-        # Raw bytes in C order: the handle keeps shape and dtype, so no .npy header.
+        # Raw bytes in C order (tofile's order for any layout): the handle keeps
+        # shape and dtype, so no .npy header.
         # (np.load parses its header with ast, which CPython 3.11 does not make safe
         # for two threads at once: "AST constructor recursion depth mismatch".)
         fd, path = tempfile.mkstemp(suffix=".raw", dir=path_dir)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.ascontiguousarray(tensor._data).tofile(f)
+                tensor._data.tofile(f)
         except BaseException:
             _remove(path)
             raise
