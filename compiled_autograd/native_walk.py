@@ -3,7 +3,8 @@
 A cache hit of compiled autograd walks every autograd node twice in Python: the
 graph task's discovery (ranks and edges) and the collection of compiled args (the
 key and the runtime values). At about 2 us per node that was most of a hit on a
-small graph. ``native_walk.c`` does the same two walks in C: ``discover`` is
+small graph. ``native_walk.c`` (with its tables, ``native_walk_tables.c``) does the
+same two walks in C: ``discover`` is
 ``GraphTask._discover`` line for line, and ``collect_nodes`` is ``tracer.collect``'s
 node loop (``record=False``) for the common nodes only -- a prim's backward node
 or an AccumulateGrad with no hooks, whose saved variables are plain arrays.
@@ -29,11 +30,19 @@ from pathlib import Path
 
 log = logging.getLogger("compiled_autograd")
 
-SOURCE = Path(__file__).with_name("native_walk.c")
+# One translation unit, in this order: the tables, then the walks.
+SOURCES = (Path(__file__).with_name("native_walk_tables.c"),
+           Path(__file__).with_name("native_walk.c"))
 _lock = threading.Lock()
 _module = None
 _status = None        # "native: <path>" or "python: <why>"
 _enabled = os.environ.get("CA_NATIVE_WALK", "1") != "0"   # read once: hits are hot
+
+
+def source() -> str:
+    """The extension's C source: SOURCES joined, each behind a #line directive so
+    that the compiler's messages name the right file and line."""
+    return "".join(f'#line 1 "{path.name}"\n{path.read_text()}' for path in SOURCES)
 
 
 def enabled() -> bool:
@@ -81,7 +90,7 @@ def _load() -> None:
     global _module, _status
     from runtime.cbuild import CBuildError, build_extension
     try:
-        path, _ = build_extension(SOURCE.read_text(), "_native_walk")
+        path, _ = build_extension(source(), "_native_walk")
         spec = importlib.util.spec_from_file_location("_native_walk", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

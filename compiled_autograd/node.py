@@ -30,7 +30,7 @@ _sequence = itertools.count()
 class Node:
     """Base of every autograd node."""
 
-    # The attributes every walk reads are members (read by offset: native_walk.c);
+    # The attributes every walk reads are members (read by offset: native_walk_tables.c);
     # hooks and a custom Function's ctx attributes live in the instance __dict__.
     __slots__ = ("next_functions", "input_metadata", "_sequence_nr", "_metadata",
                  "__dict__", "__weakref__")

@@ -218,8 +218,9 @@ def test_the_walk_compiles_without_warnings(tmp_path):
     import subprocess
 
     from runtime import cbuild
-    done = subprocess.run(cbuild.extension_command(str(native_walk.SOURCE),
-                                                   str(tmp_path / "walk.so")),
+    src = tmp_path / "walk.c"
+    src.write_text(native_walk.source())
+    done = subprocess.run(cbuild.extension_command(str(src), str(tmp_path / "walk.so")),
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
