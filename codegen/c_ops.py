@@ -44,6 +44,16 @@ def _error(e, message) -> int:
 
 # ---------------------------------------------------------------- reductions
 
+def _reduced_layout(loop, dims):
+    """For a reduction of ``loop`` over ``dims``: the kept dims, the output's
+    strides over the whole loop (0 on the reduced dims: contiguous output) and the
+    loop's index names."""
+    kept = [d for d in range(len(loop)) if d not in dims]
+    out_strides = [0] * len(loop)
+    for d, s in zip(kept, contiguous_strides([loop[d] for d in kept])):
+        out_strides[d] = s
+    return kept, out_strides, [f"i{d}" for d in range(len(loop))]
+
 def _reduce(e, node):
     x = node.args[0]
     loop = _shape(x)
@@ -51,12 +61,7 @@ def _reduce(e, node):
     out = e.fresh(node)
     leaves = []
     text = e.operand(x, loop, leaves, None)
-    kept = [d for d in range(len(loop)) if d not in dims]
-    kept_strides = contiguous_strides([loop[d] for d in kept])
-    out_strides = [0] * len(loop)
-    for d, s in zip(kept, kept_strides):
-        out_strides[d] = s
-    names = [f"i{d}" for d in range(len(loop))]
+    kept, out_strides, names = _reduced_layout(loop, dims)
     for j, (offset, strides, _) in enumerate(leaves):
         text = text.replace(f"@{j}@", e.index(offset, strides, names))
     floating = np.issubdtype(out.dtype, np.floating)
@@ -86,12 +91,7 @@ def _argmax(e, node):
     loop = x.shape
     dims = tuple(range(len(loop))) if d is None else (d,)
     out = e.fresh(node)
-    kept = [k for k in range(len(loop)) if k not in dims]
-    kept_strides = contiguous_strides([loop[k] for k in kept])
-    out_strides = [0] * len(loop)
-    for k, s in zip(kept, kept_strides):
-        out_strides[k] = s
-    names = [f"i{k}" for k in range(len(loop))]
+    kept, out_strides, names = _reduced_layout(loop, dims)
     e.emit(_render("argmax.c.j2", out=out.ptr, T=x.ctype,
                    outer=[(names[k], c_expr(loop[k])) for k in kept],
                    inner=[(names[k], c_expr(loop[k])) for k in dims],

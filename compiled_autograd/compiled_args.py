@@ -81,14 +81,12 @@ class CompiledNodeArgs:
         path of a cache hit): type, params (ints as sizes), input sizes, dtypes,
         saved values (Python floats lifted into scalars)."""
         sizes, record = self.sizes, self.record
-        params = node.params
-        split = _params_split(params) if params else _NO_PARAMS
+        split = _params_split(node.params) if node.params else _NO_PARAMS
         if record:
             self.param_pos[id(node)] = len(sizes)
-            sizes.extend(split[1])
+        sizes.extend(split[1])
+        if record:
             self.size_pos[id(node)] = len(sizes)
-        elif params:
-            sizes.extend(split[1])
         ndims = []
         for shape in node.shapes:
             if shape is None:
@@ -100,15 +98,7 @@ class CompiledNodeArgs:
         for i, item in enumerate(node.saved):
             cls = item.__class__
             if cls is SavedVariable:
-                if record or item.unpack_hook is not None or item.released or \
-                        item._version_counter.value != item.saved_version:
-                    saved.append(self._saved(item))
-                else:   # the common case of _saved, inline: a plain array, unchanged
-                    self.saved.append(item)
-                    self.inputs.append(item._data if item._tensor is None else item._tensor._data)
-                    shape = item.shape
-                    sizes.extend(shape)
-                    saved.append((item.dtype, False, len(shape)))
+                saved.append(self._saved(item))
             elif cls is tuple:
                 saved.append(tuple([self._saved(sv) for sv in item]))
             elif cls is float:
