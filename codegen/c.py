@@ -183,10 +183,6 @@ class Emitter:
             kind = "out" if node_or_meta in self.wants_out else "arena"
         return Val(self.new_storage(kind, dtype, shape), dtype, shape)
 
-    def read(self, v: Val):
-        v.storage.read_at(self.step)
-        return v
-
     def emit(self, text, source=""):
         self.stmts.append((self.step, source, text))
 
@@ -198,7 +194,7 @@ class Emitter:
             if a in self.fused:
                 text, dt = self.expression(a, loop, leaves)
             else:
-                v = self.read(self.vals[a])
+                v = self.vals[a]
                 lead = len(loop) - len(v.shape)
                 strides = [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)]
                 leaves.append((v.offset, strides, v.storage))
@@ -278,7 +274,6 @@ class Emitter:
         return self.store_loop(dst, text, leaves, accumulate)
 
     def operand_val(self, v: Val, loop, leaves, ct):
-        self.read(v)
         lead = len(loop) - len(v.shape)
         leaves.append((v.offset, [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)],
                        v.storage))
@@ -360,14 +355,13 @@ class Emitter:
             v = self.vals[grad]
             if v.storage.kind == "arena":   # a view of an arena buffer: copy it out
                 v = self.materialize(v, kind="out")
-            self.read(v)
             self.prog.accumulations.append((self.step, variable, v))
             return
         args = []
         for a in node.args:
             if isinstance(a, Node):
                 if a in self.vals and not (node.target == "post_acc_grad_hook"):
-                    args.append(("val", self.read(self.vals[a])))
+                    args.append(("val", self.vals[a]))
                 else:
                     args.append(("py", a))
             else:
@@ -412,7 +406,7 @@ class Emitter:
                 v = self.vals[a]
                 if v.storage.kind == "arena":
                     v = self.materialize(v, kind="out")
-                self.prog.outputs.append(("val", self.read(v)))
+                self.prog.outputs.append(("val", v))
 
     # ------------------------------------------------------------ the function
 
@@ -477,8 +471,28 @@ class Emitter:
                                                   f"CA_DATA(out[{s.index}]);"))
         return lazy
 
+    def _set_lifetimes(self):
+        """Each buffer's last step, from the graph's one liveness analysis
+        (``Graph.last_uses``): a value dies at the step of its last reader, where
+        a node fused into a loop reads at that loop's step; a buffer lives until
+        every value on it (its views too) has died. A buffer no node owns (a
+        scratch row, a copy) lives in the step that made it."""
+        step = {n: i for i, n in enumerate(self.graph.nodes)}
+
+        def read_step(n):
+            while n in self.fused:
+                (n,) = n.users
+            return step[n]
+        position = {n: read_step(n) for n in self.graph.nodes}
+        for reader, values in self.graph.last_uses(position).items():
+            for value in values:
+                v = self.vals.get(value)
+                if v is not None:
+                    v.storage.last = max(v.storage.last, position[reader])
+
     def finish(self):
         prog = self.prog
+        self._set_lifetimes()
         prog.dynamic = any(not isinstance(s.nbytes, int) for s in prog.arena_storages)
         n_steps = len(self.graph.nodes)
         # A graph that calls back into Python anyway (it has hooks) also calls back

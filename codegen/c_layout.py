@@ -94,7 +94,7 @@ class Storage:
     kind: "arena" (planned intermediate), "out" (an array Python allocates and keeps:
     gradients to accumulate, returned values), "in" (an input or constant array),
     "ext" (an array a callback returned). ``first``/``last``: the steps that write it
-    and last read it."""
+    and last read it (``last`` from the graph's liveness: Emitter._set_lifetimes)."""
 
     __slots__ = ("kind", "index", "dtype", "nbytes", "first", "last", "shape", "strides")
 
@@ -109,9 +109,6 @@ class Storage:
     @property
     def name(self) -> str:
         return f"{self.kind}{self.index}"
-
-    def read_at(self, step):
-        self.last = max(self.last, step)
 
 
 class Val:

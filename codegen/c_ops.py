@@ -86,7 +86,7 @@ def _reduce(e, node):
 
 
 def _argmax(e, node):
-    x = e.read(e.vals[node.args[0]])
+    x = e.vals[node.args[0]]
     d = node.kwargs["dim"]
     loop = x.shape
     dims = tuple(range(len(loop))) if d is None else (d,)
@@ -132,7 +132,7 @@ def _gemm_prefix(dtype):
 
 
 def _matmul(e, node):
-    a, b = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+    a, b = e.vals[node.args[0]], e.vals[node.args[1]]
     out = e.fresh(node)
     M, K = a.shape[-2:]
     N = b.shape[-1]
@@ -168,9 +168,9 @@ def _matmul(e, node):
 
 
 def _linear(e, node):
-    x = e.contiguous(e.read(e.vals[node.args[0]]))
-    w = e.read(e.vals[node.args[1]])
-    bias = e.read(e.vals[node.args[2]]) if len(node.args) > 2 and node.args[2] is not None else None
+    x = e.contiguous(e.vals[node.args[0]])
+    w = e.vals[node.args[1]]
+    bias = e.vals[node.args[2]] if len(node.args) > 2 and node.args[2] is not None else None
     out = e.fresh(node)
     n_out, n_in = w.shape
     rows = prod(x.shape[:-1])
@@ -190,7 +190,7 @@ def _linear(e, node):
 # ---------------------------------------------------------------- fused normalisations
 
 def _softmax(e, node):
-    x = e.read(e.vals[node.args[0]])
+    x = e.vals[node.args[0]]
     d = node.kwargs["dim"]
     out = e.fresh(node)
     names = [f"i{k}" for k in range(len(x.shape))]
@@ -206,7 +206,7 @@ def _softmax(e, node):
 
 
 def _layer_norm(e, node):
-    x = e.contiguous(e.read(e.vals[node.args[0]]))
+    x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
     out = e.fresh(node)
     e.emit(_render("layer_norm.c.j2", T=x.ctype, x=f"{x.ptr} + {c_expr(x.offset)}",
@@ -255,9 +255,9 @@ def _as_strided_scatter(e, node):
 
 def _gather_like(e, node, scatter):
     if scatter:
-        src, idx = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+        src, idx = e.vals[node.args[0]], e.vals[node.args[1]]
     else:
-        x, idx = e.read(e.vals[node.args[0]]), e.read(e.vals[node.args[1]])
+        x, idx = e.vals[node.args[0]], e.vals[node.args[1]]
     d = node.kwargs["dim"]
     out = e.fresh(node)
     loop = idx.shape
@@ -283,13 +283,13 @@ def _index_like(e, node, accumulate):
     """index: y = x[indices]; index_accumulate: x = zeros, x[indices] += y."""
     pattern = node.kwargs["pattern"]
     if accumulate:
-        y = e.read(e.vals[node.args[0]])
+        y = e.vals[node.args[0]]
         x = out = e.fresh(node)
         _fill(e, out)
     else:
-        x = e.read(e.vals[node.args[0]])
+        x = e.vals[node.args[0]]
         y = out = e.fresh(node)
-    indices = [e.read(e.vals[a]) for a in node.args[1:]]
+    indices = [e.vals[a] for a in node.args[1:]]
     nb = max(len(i.shape) for i in indices)
     D = [d for d, p in enumerate(pattern) if p is not None]
     adjacent = D == list(range(D[0], D[-1] + 1))

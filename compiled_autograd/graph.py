@@ -163,11 +163,17 @@ class Graph:
 
     # ------------------------------------------------------------ analyses
 
-    def last_uses(self) -> dict:
+    def last_uses(self, position=None) -> dict:
         """node -> the nodes whose value dies right after it runs (one reverse walk;
-        the liveness analysis shared by every backend and the memory planner)."""
+        the liveness analysis shared by every backend and the memory planner).
+        ``position``: node -> the step at which it reads its inputs, for a code
+        generator that moves reads (the C backend reads a node fused into a loop
+        at that loop's step); by default, its place in the graph."""
+        order = reversed(self.nodes)
+        if position is not None:     # latest read first; ties in reverse graph order
+            order = sorted(order, key=lambda n: -position[n])
         seen, dies_after = set(), {}
-        for node in reversed(self.nodes):
+        for node in order:
             for inp in node.all_input_nodes:
                 if inp not in seen:
                     seen.add(inp)

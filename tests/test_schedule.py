@@ -58,3 +58,22 @@ def test_measured_schedule_aligns_node_by_node(offload):
     for step in plan.steps:
         if step.node in measured:
             assert abs(measured[step.node] - step.live_bytes) <= 8, step
+
+
+def test_last_uses_follows_the_read_positions_it_is_given():
+    """Graph.last_uses is the one liveness analysis; a code generator that reads a
+    node's inputs later than its place (the C backend's fused loops) passes where."""
+    from compiled_autograd.graph import Graph
+    g = Graph()
+    x = g.create_node("placeholder", "inputs")
+    a = g.create_node("call_function", "neg", (x,))
+    b = g.create_node("call_function", "exp", (x,))
+    c = g.create_node("call_function", "add", (a, b))
+    g.create_node("output", "output", ((c,),))
+    assert g.last_uses()[b] == [x]                 # x dies after its last reader, b
+    # a is fused into c: it reads x at c's step, so x now dies after a
+    steps = {n: i for i, n in enumerate(g.nodes)}
+    position = {**steps, a: steps[c]}
+    uses = g.last_uses(position)
+    assert uses[a] == [x] and b not in uses
+    assert sorted(n.name for n in uses[c]) == sorted([a.name, b.name])
