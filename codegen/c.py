@@ -27,8 +27,9 @@ import jinja2
 import numpy as np
 
 from codegen import arena as arena_plan
-from codegen.c_layout import (Storage, Val, add, c_expr, contiguous_strides, ctype, dim,
-                              expanded, mul, permuted, prod, reshaped, sliced)
+from codegen.c_layout import (Storage, Val, add, broadcast_strides, c_expr, ctype, dim, expanded,
+                              mul, permuted, reshaped, sliced)
+from codegen.python import _comment
 from compiled_autograd.graph import Node
 from compiled_autograd.symbolic import SymFloat, SymInt, expr_of
 from runtime.cbuild import array_data_offset, blas
@@ -40,7 +41,6 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
                           lstrip_blocks=True)
 _EXPR_CACHE: dict[str, jinja2.Template] = {}
 
-VIEWS = ("reshape", "permute", "expand", "slice", "as_strided")
 REDUCTIONS = ("sum", "amax")
 COMPARES = ("gt", "ge", "eq")
 UNCAST = {"where": (0,), "masked_fill": (1,), "astype": (0,)}   # operands kept as they are
@@ -49,11 +49,7 @@ UNCAST = {"where": (0,), "masked_fill": (1,), "astype": (0,)}   # operands kept 
 def is_expression(target) -> bool:
     """An elementwise prim: its C template is an expression, not a file."""
     t = PRIMS[target].c_template
-    return t is not None and not t.endswith(".c.j2") and target not in VIEWS
-
-
-def _comment(text) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", str(text))[:80]
+    return t is not None and not t.endswith(".c.j2")
 
 
 def literal(value, ct) -> str:
@@ -94,11 +90,12 @@ PART_LINES = 800
 class Site:
     """A callback into Python: a hook node, with how to find its arguments."""
 
-    def __init__(self, index, node, args, results):
-        self.index, self.node, self.args, self.results = index, node, args, results
+    def __init__(self, index, node, args, step, release=()):
+        self.index, self.node, self.args, self.step = index, node, args, step
         self.kind = node.target if node is not None else "release"
-        self.step = 0
-        self.release: list = []       # storages Python drops before running it
+        self.results: list = []       # (item index or None, Val) of what the hook returns
+        self.item_vals: dict = {}     # item index -> Val, for a hook returning a tuple
+        self.release = list(release)  # storages Python drops before running it
         self.alloc: list = []         # "out" storages Python allocates at this callback
 
 
@@ -109,7 +106,6 @@ class CProgram:
         self.source = ""              # all of the C (its translation units, joined)
         self.sources: list = []       # the translation units: one, or a main and parts
         self.inputs: list = []        # (box index, Storage) arrays read from `inputs`
-        self.consts: list = []        # (Storage, ndarray) constants of the graph
         self.pyrefs: dict = {}        # graph node -> (box name, index): Python objects
         self.sites: list[Site] = []
         self.accumulations: list = []  # (step, variable node, grad Val)
@@ -194,11 +190,7 @@ class Emitter:
             if a in self.fused:
                 text, dt = self.expression(a, loop, leaves)
             else:
-                v = self.vals[a]
-                lead = len(loop) - len(v.shape)
-                strides = [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)]
-                leaves.append((v.offset, strides, v.storage))
-                text, dt = f"{v.ptr}[@{len(leaves) - 1}@]", v.dtype
+                return self.operand_val(self.vals[a], loop, leaves, ct)
             return text if ct is None or ctype(dt) == ct else f"(({ct}){text})"
         return literal(a, ct or "double")
 
@@ -274,11 +266,11 @@ class Emitter:
         return self.store_loop(dst, text, leaves, accumulate)
 
     def operand_val(self, v: Val, loop, leaves, ct):
-        lead = len(loop) - len(v.shape)
-        leaves.append((v.offset, [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape, v.strides)],
-                       v.storage))
+        """C text of array ``v`` read inside a loop over ``loop`` (broadcast),
+        converted to ``ct`` (None: as it is)."""
+        leaves.append((v.offset, broadcast_strides(v.shape, v.strides, len(loop)), v.storage))
         text = f"{v.ptr}[@{len(leaves) - 1}@]"
-        return text if v.ctype == ct else f"(({ct}){text})"
+        return text if ct is None or v.ctype == ct else f"(({ct}){text})"
 
     def materialize(self, v: Val, kind="arena") -> Val:
         """A contiguous copy of ``v`` in a new buffer."""
@@ -306,7 +298,7 @@ class Emitter:
                 self.getitem(node)
             elif node in self.fused:
                 continue
-            elif node.target in VIEWS:
+            elif node.target in PRIMS and PRIMS[node.target].view:
                 self.vals[node] = self.view(node)
             else:
                 before = len(self.stmts)
@@ -366,9 +358,7 @@ class Emitter:
                     args.append(("py", a))
             else:
                 args.append(("lit", a))
-        site = Site(len(self.prog.sites), node, args, [])
-        site.step = self.step
-        site.item_vals = {}
+        site = Site(len(self.prog.sites), node, args, self.step)
         if node.users:
             if node.meta.get("shape") is not None:       # one array
                 v = self.fresh(node, kind="ext")
@@ -504,8 +494,7 @@ class Emitter:
                 if s.last < n_steps - 1:     # one the output returns stays to the end
                     dying.setdefault(s.last, []).append(s)
             for step in sorted(dying):
-                site = Site(len(prog.sites), None, [], [])
-                site.kind, site.step, site.release = "release", step + 0.5, dying[step]
+                site = Site(len(prog.sites), None, [], step + 0.5, dying[step])
                 prog.sites.append(site)
                 self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
                                    f"  /* release: {len(dying[step])} array(s) past last use */"))
@@ -526,7 +515,7 @@ class Emitter:
             decl(s, f"({ctype(s.dtype)} *)(arena + {offsets[i]})")
         for s in prog.out_storages:
             decl(s, "NULL" if s in lazy else f"({ctype(s.dtype)} *)CA_DATA(out[{s.index}])")
-        for j, (_, s) in enumerate(prog.inputs + [(None, st) for st, _ in prog.consts]):
+        for j, (_, s) in enumerate(prog.inputs):
             decl(s, f"({ctype(s.dtype)} *)CA_DATA(in[{j}])")
         for s in prog.ext_storages:
             # (void): a result only Python reads (a gradient to accumulate, a hook's

@@ -78,6 +78,12 @@ def value_of(e, sizes) -> int:
     return e if isinstance(e, int) else int(evaluate(e, sizes))
 
 
+def broadcast_strides(shape, strides, ndim):
+    """Element strides of an array of ``shape``/``strides`` read as ``ndim`` dims
+    (numpy broadcasting: missing leading dims and size-1 dims stride 0)."""
+    return [0] * (ndim - len(shape)) + [0 if n == 1 else s for n, s in zip(shape, strides)]
+
+
 def contiguous_strides(shape):
     strides, s = [0] * len(shape), 1
     for d in range(len(shape) - 1, -1, -1):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from codegen.c_layout import Val, c_expr, contiguous_strides, ctype, dim, mul, prod, sliced
+from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim, mul,
+                              prod, sliced)
 
 from codegen import c as _c
 
@@ -141,8 +142,7 @@ def _matmul(e, node):
     batch = out.shape[:-2]
 
     def batch_strides(v):
-        lead = len(batch) - (len(v.shape) - 2)
-        return [0] * lead + [0 if n == 1 else s for n, s in zip(v.shape[:-2], v.strides[:-2])]
+        return broadcast_strides(v.shape[:-2], v.strides[:-2], len(batch))
 
     sa, sb, so = batch_strides(a), batch_strides(b), list(out.strides[:-2])
     rows = M
@@ -226,7 +226,7 @@ def _cat(e, node):
         v = e.vals[a]
         dst = sliced(out, d, start, 1)
         parts.append(e.copy_into(dst.with_layout(v.shape, dst.strides, dst.offset), v))
-        start = _c.add(start, v.shape[d])
+        start = add(start, v.shape[d])
     e.emit(_render("cat.c.j2", parts=parts))
     e.vals[node] = out
 
@@ -332,4 +332,4 @@ _HANDLERS = {
     "index_accumulate": lambda e, n: _index_like(e, n, True),
 }
 
-__all__ = ["emit", "ctype"]
+__all__ = ["emit"]

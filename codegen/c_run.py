@@ -67,7 +67,6 @@ class CBackward:
         self._callback = CALLBACK(self._on_callback)
         self._threads = threading.local()   # each thread's running calls (frames)
         prog = self.prog
-        self._consts = [np.ascontiguousarray(a) for _, a in prog.consts]
         # An output array becomes .grad itself (no copy) when this accumulation is
         # its only consumer: nothing reads it later and nothing else is handed it.
         handed = {}
@@ -76,10 +75,10 @@ class CBackward:
         for out in prog.outputs:
             if out is not None and out[0] == "val":
                 handed[out[1].storage] = handed.get(out[1].storage, 0) + 1
-        self._owned = [v.storage.kind == "out" and handed[v.storage] == 1
-                       and v.storage.last <= step and v.is_contiguous() and v.offset == 0
-                       and v.shape == v.storage.shape for step, _, v in prog.accumulations]
         self._whole = [_whole(v) for _, _, v in prog.accumulations]
+        self._owned = [v.storage.kind == "out" and handed[v.storage] == 1
+                       and v.storage.last <= step and whole
+                       for (step, _, v), whole in zip(prog.accumulations, self._whole)]
         self._out_shapes = [s.shape if all(isinstance(d, int) for d in s.shape) else None
                             for s in prog.out_storages]
         late = {s for site in prog.sites for s in site.alloc}
@@ -240,7 +239,7 @@ class CBackward:
             py[node] = container[i]
             if take:
                 container[i] = None
-        arrays = self._take_inputs(frame) + self._consts
+        arrays = self._take_inputs(frame)
         plan = self._plan(frame.sizes)
         frame.arena = np.empty(max(plan.size, 1), np.uint8)
         if memory.active():

@@ -21,8 +21,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from compiled_autograd import engine, passes, tracer
 from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.interpreter import Interpreter

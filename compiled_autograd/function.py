@@ -126,7 +126,6 @@ class FunctionBackward(Node):
                       if not k.startswith("_") and k not in _NODE_ATTRS)
 
     def apply_with_saved(self, grads, saved):
-        from compiled_autograd.tensor import Tensor
         self._swapped = tuple(None if sv is None else saved.before(sv)
                               for sv in (self._saved or ()))
         originals = dict(self._user_attrs())

@@ -5,7 +5,7 @@ Each prim declares, in one place, its name, its numpy kernel, its shape/dtype ru
 written in prims, whether its result aliases its input (``view``) and its C template
 (``c_template``: for an elementwise prim, the C expression over its inputs ``a``,
 ``b``, ``c`` and params; otherwise the name of a template under
-``codegen/templates/c/``). The definitions live in ``prims_elementwise``, ``prims_shape`` and
+``codegen/templates/c/``; a view prim has none: the C backend folds it into strides). The definitions live in ``prims_elementwise``, ``prims_shape`` and
 ``prims_reduce``; this module holds the machinery and the table, ``PRIMS``.
 
 Calling a prim dispatches on its arguments, like ``__torch_function__``: if an

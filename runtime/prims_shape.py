@@ -13,8 +13,7 @@ from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 # ---------------------------------------------------------------- views
 
 
-@prim("reshape", view=True, meta=lambda x, shape: (tuple(shape), x.dtype),
-      c_template="{{ a }}")
+@prim("reshape", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
 def reshape(x, shape):
     """A view when the layout allows one, else a copy (numpy decides)."""
     return np.reshape(x, shape)
@@ -26,8 +25,7 @@ def _(ctx, g):
 
 
 @prim("permute", view=True,
-      meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype),
-      c_template="{{ a }}")
+      meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype))
 def permute(x, perm):
     return np.transpose(x, perm)
 
@@ -37,8 +35,7 @@ def _(ctx, g):
     return (ops.permute(g, perm=tuple(int(i) for i in np.argsort(ctx.params["perm"]))),)
 
 
-@prim("expand", view=True, meta=lambda x, shape: (tuple(shape), x.dtype),
-      c_template="{{ a }}")
+@prim("expand", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
 def expand(x, shape):
     """Broadcast to ``shape`` without copying (a read-only stride-0 view)."""
     return np.broadcast_to(x, shape)
@@ -60,8 +57,7 @@ def _slice_meta(x, dim, start, stop, step):
     return tuple(shape), x.dtype
 
 
-@prim("slice", view=True, meta=_slice_meta,
-      c_template="{{ a }}")
+@prim("slice", view=True, meta=_slice_meta)
 def slice_(x, dim, start, stop, step):
     """``x[..., start:stop:step, ...]`` along ``dim`` (bounds already clipped)."""
     return x[_slice_key(x.ndim, dim, start, stop, step)]
@@ -98,8 +94,7 @@ def _strided_view(flat, shape, strides, offset):
         flat[offset:], shape=shape, strides=tuple(s * item for s in strides))
 
 
-@prim("as_strided", view=True, meta=_as_strided_meta,
-      c_template="{{ a }}")
+@prim("as_strided", view=True, meta=_as_strided_meta)
 def as_strided(x, shape, strides, offset):
     """The view of x's C-order elements with element ``strides`` from ``offset``:
     the geometry of a view relative to its base (what CopySlices records)."""
