@@ -1,7 +1,7 @@
 """Building and loading generated C: the system compiler, a private cache, ctypes.
 
-``build(source)`` compiles one translation unit into a shared library and returns
-its path. Libraries live in a per-user cache directory (``$CA_CACHE_DIR``, else
+``build(sources)`` compiles one translation unit, or several at once (one process
+per core), into a shared library and returns its path. Libraries live in a per-user cache directory (``$CA_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/compiled_autograd/c``, else ``~/.cache/compiled_autograd/c``),
 created with mode 0700, and are named by the SHA-256 of everything that decides the
 binary: the source, the compiler command and flags (with ``$CA_C_EXTRA_FLAGS``,
