@@ -1,6 +1,7 @@
 """Where the C backend's time goes, at 1 thread: the generated C function alone
-against the whole compiled backward (the rest is Python: the cache lookup's walk
-and the call), on the small MLP, the 200-op chain and the transformer, and one
+against the whole compiled backward (the rest: the cache lookup's walk and the
+call), with the call in C (codegen/c_call.c, the default) and in Python
+(``CA_C_CALL=0``), on the small MLP, the 200-op chain and the transformer, and one
 256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch,
 and GELU's backward loop over one transformer layer's 512x512 activations with
 libm's scalar erff/expf against the backend's vectorisable ca_erff/ca_expf, built
@@ -26,16 +27,19 @@ def _fmt(seconds):
 
 
 def c_function_share(case, reps):
-    """(median whole compiled backward, median of the ctypes call alone)."""
+    """(median whole compiled backward with the call in C, the same with the call
+    in Python, median of the generated function alone). The function is timed on
+    the Python call path, where it is a ctypes call that can be wrapped."""
     import backward
     import compiled_autograd as ca
-    from codegen.c_run import CBackward
+    from codegen.c_run import C_CALL, CBackward
     make_loss, params = backward._ca_setup(case)
-    inner, calls = [], []
+    inner = []
     original = CBackward.__call__
 
     def timed_call(self, *args):
         fn = self.fn
+
         def timed_fn(*a):
             start = time.perf_counter()
             rc = fn(*a)
@@ -46,9 +50,10 @@ def c_function_share(case, reps):
             return original(self, *args)
         finally:
             self.fn = fn
-    CBackward.__call__ = timed_call
-    try:
+
+    def whole():
         ca.reset_compiled_autograd()
+        calls = []
         for _ in range(reps + 3):
             loss = make_loss()
             start = time.perf_counter()
@@ -57,9 +62,16 @@ def c_function_share(case, reps):
             calls.append(time.perf_counter() - start)
             for p in params:
                 p.grad = None
+        return statistics.median(calls[3:])
+
+    native = whole()
+    CBackward.__call__ = timed_call
+    try:
+        with C_CALL.disabled():
+            python = whole()
     finally:
         CBackward.__call__ = original
-    return statistics.median(calls[3:]), statistics.median(inner[3:])
+    return native, python, statistics.median(inner[3:])
 
 
 def sgemm(reps):
@@ -134,11 +146,13 @@ def main():
     parser.add_argument("--reps", type=int, default=100)
     args = parser.parse_args()
     print(f"1 thread; medians of {args.reps}")
-    print(f"{'case':<12}{'whole backward':>16}{'C function':>14}{'rest (Python)':>15}")
+    print(f"{'case':<12}{'whole, C call':>15}{'whole, Python call':>20}{'C function':>12}"
+          f"{'rest, C call':>14}")
     for case in ("small_mlp", "chain", "transformer"):
-        whole, inner = c_function_share(case, args.reps if case != "transformer"
-                                        else max(3, args.reps // 10))
-        print(f"{case:<12}{_fmt(whole):>16}{_fmt(inner):>14}{_fmt(whole - inner):>15}")
+        native, python, inner = c_function_share(case, args.reps if case != "transformer"
+                                                 else max(3, args.reps // 10))
+        print(f"{case:<12}{_fmt(native):>15}{_fmt(python):>20}{_fmt(inner):>12}"
+              f"{_fmt(native - inner):>14}")
     row = sgemm(max(10, args.reps // 5))
     print("\none sgemm 256x1024x1024: " + ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
     row = gelu_loops(max(10, args.reps // 5))

@@ -21,88 +21,19 @@ Only compiled autograd's hit path uses it; the eager engine stays pure Python.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import logging
-import os
-import threading
 from pathlib import Path
 
-log = logging.getLogger("compiled_autograd")
+from runtime.extension import Extension
 
 # One translation unit, in this order: the tables, then the walks.
 SOURCES = (Path(__file__).with_name("native_walk_tables.c"),
            Path(__file__).with_name("native_walk.c"))
-_lock = threading.Lock()
-_module = None
-_status = None        # "native: <path>" or "python: <why>"
-_enabled = os.environ.get("CA_NATIVE_WALK", "1") != "0"   # read once: hits are hot
+_EXTENSION = Extension("_native_walk", SOURCES, "the C walk", "CA_NATIVE_WALK")
 
-
-def source() -> str:
-    """The extension's C source: SOURCES joined, each behind a #line directive so
-    that the compiler's messages name the right file and line."""
-    return "".join(f'#line 1 "{path.name}"\n{path.read_text()}' for path in SOURCES)
-
-
-def enabled() -> bool:
-    return _enabled
-
-
-def module():
-    """The loaded C module, or None (disabled, or it could not be built)."""
-    if not _enabled:
-        return None
-    if _status is None:
-        with _lock:
-            if _status is None:
-                _load()
-    return _module
-
-
-def loaded():
-    """The C module if it is already loaded, else None; never builds it."""
-    return _module
-
-
-@contextlib.contextmanager
-def disabled():
-    """The Python walks, for the duration (as ``CA_NATIVE_WALK=0`` does for a whole
-    process): for comparing the two."""
-    global _enabled
-    old, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = old
-
-
-def status() -> str:
-    """Which walks a cache hit uses, and why: ``native: <library>`` or
-    ``python: <reason>``."""
-    if not _enabled:
-        return "python: disabled by CA_NATIVE_WALK=0"
-    module()
-    return _status
-
-
-def _load() -> None:
-    global _module, _status
-    from runtime.cbuild import CBuildError, build_extension
-    try:
-        path, _ = build_extension(source(), "_native_walk")
-        spec = importlib.util.spec_from_file_location("_native_walk", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    except (CBuildError, OSError, ImportError) as e:
-        _status = f"python: the C walk could not be built ({str(e).splitlines()[0]})"
-        log.info("compiled autograd: %s", _status)
-        return
-    _module, _status = mod, f"native: {path}"
-
-
-def reset() -> None:
-    """Forget the loaded module (tests: build it again, or under other settings)."""
-    global _module, _status
-    with _lock:
-        _module = _status = None
+source = _EXTENSION.source
+enabled = _EXTENSION.enabled
+module = _EXTENSION.module        # the loaded C module, or None
+loaded = _EXTENSION.loaded        # the module if already loaded; never builds it
+disabled = _EXTENSION.disabled    # the Python walks for the duration (comparisons)
+status = _EXTENSION.status        # "native: <library>" or "python: <reason>"
+reset = _EXTENSION.reset

@@ -242,30 +242,32 @@ def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
     return path, True
 
 
-def extension_command(src: str, out: str) -> list[str]:
+def extension_command(src: str, out: str, include_dirs=()) -> list[str]:
     """The command that builds a CPython extension module against this
-    interpreter's headers (``$CA_C_EXTRA_FLAGS`` apply too)."""
+    interpreter's headers, and ``include_dirs`` (``$CA_C_EXTRA_FLAGS`` apply too)."""
     import sysconfig
     include = sysconfig.get_paths()["include"]
     return shlex.split(compiler()) + ["-O2", "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
-                                      *env_flags(), f"-I{include}", src, "-o", out]
+                                      *env_flags(), f"-I{include}",
+                                      *(f"-I{d}" for d in include_dirs), src, "-o", out]
 
 
-def build_extension(source: str, name: str) -> tuple[Path, bool]:
+def build_extension(source: str, name: str, include_dirs=(), tag: str = "") -> tuple[Path, bool]:
     """(path, whether this call compiled it) of a CPython extension module ``name``
     built from ``source`` (``extension_command``), in the same cache. Its name
-    carries the hash of the source, the command and the interpreter's ABI
-    (``EXT_SUFFIX``), so another Python never loads it."""
+    carries the hash of the source, the command, the interpreter's ABI
+    (``EXT_SUFFIX``) and ``tag`` (e.g. the numpy version whose headers it was
+    built against), so another Python or numpy never loads it."""
     import sysconfig
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise CBuildError(f"Python.h not found in {include}: install the Python development "
                           f"headers (e.g. python3-dev) to build {name}")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    cmd = extension_command("SRC", "OUT")
-    digest = hashlib.sha256("\0".join(cmd + [suffix, source]).encode()).hexdigest()[:32]
+    cmd = extension_command("SRC", "OUT", include_dirs)
+    digest = hashlib.sha256("\0".join(cmd + [suffix, tag, source]).encode()).hexdigest()[:32]
     return _publish(cache_dir() / f"{name}_{digest}{suffix}", [source],
-                    lambda srcs, out: [[extension_command(srcs[0], out)]])
+                    lambda srcs, out: [[extension_command(srcs[0], out, include_dirs)]])
 
 
 def _run(commands) -> None:

@@ -26,11 +26,13 @@ def _private_c_cache(tmp_path_factory):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh, empty C build cache for this test. (The cache hit's C walk,
-    native_walk, is loaded first, from the usual cache: this one holds only what
-    the test builds.)"""
+    """A fresh, empty C build cache for this test. (The project's own extensions,
+    the cache hit's C walk and the C backend's call, are loaded first, from the usual
+    cache: this one holds only what the test builds.)"""
+    from codegen.c_run import C_CALL
     from compiled_autograd import native_walk
     native_walk.module()
+    C_CALL.module()
     path = tmp_path / "cache"
     monkeypatch.setenv("CA_CACHE_DIR", str(path))
     monkeypatch.delenv("CA_C_FALLBACK", raising=False)

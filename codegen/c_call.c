@@ -1,0 +1,362 @@
+/* The call of a compiled C backward that has no callbacks, in C (see c_call.py).
+
+   Runner(spec) holds what CBackward.build derived from the program; calling it,
+   runner(inputs, sizes, scalars), does what CBackward.__call__'s Python path
+   does, in the same order:
+     1. take each Python object the C needs out of the boxed ``inputs`` list
+        (the list slot becomes None: the call owns the object from here);
+     2. read each input array (a leaf Tensor through its ``_data``), and check it
+        has the traced shape and dtype and is C-contiguous; any other value goes
+        to the Python ``fix_input`` (which raises, or copies it into the layout
+        the C was compiled for);
+     3. allocate the arena and the output arrays;
+     4. call ca_backward (without the GIL: the C touches only array memory);
+     5. hand each gradient to the Python ``accumulate`` (node.accumulate_into),
+        in the program's order, so that the .grad rules are written once;
+     6. return the results.
+   On an error the objects taken stay taken, as on the Python path, and no
+   gradient is accumulated. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int (*backward_fn)(void **in, void **out, char *arena, const int64_t *sizes,
+                           const double *scalars, const int64_t *offsets, void *cb);
+
+#define MAX_DIMS 32
+
+typedef struct {
+    int ndim, type;
+    npy_intp dims[MAX_DIMS];
+} Layout;
+
+typedef struct {
+    PyObject_HEAD
+    backward_fn fn;
+    Py_ssize_t n_refs, n_in, n_out, n_acc, n_res, arena_bytes;
+    Py_ssize_t *ref_box;      /* per ref slot: its index in the boxed inputs list */
+    Py_ssize_t *in_slot;      /* per input of the C: its ref slot */
+    char *in_keep;            /* ... whether the object itself is needed later */
+    Layout *in_layout, *out_layout;
+    Py_ssize_t *acc_slot, *acc_out;
+    char *acc_owned;
+    Py_ssize_t *res_kind, *res_index;     /* kind 0: None, 1: ref slot, 2: output */
+    PyObject *errors, *accumulate, *fix_input;
+} Runner;
+
+static void runner_free_arrays(Runner *r)
+{
+    PyMem_Free(r->ref_box); PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
+    PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->acc_slot);
+    PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned); PyMem_Free(r->res_kind);
+    PyMem_Free(r->res_index);
+}
+
+static void runner_dealloc(Runner *r)
+{
+    runner_free_arrays(r);
+    Py_XDECREF(r->errors); Py_XDECREF(r->accumulate); Py_XDECREF(r->fix_input);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* A (shape tuple, numpy type number) pair into a Layout. */
+static int read_layout(PyObject *item, Layout *out)
+{
+    PyObject *shape;
+    if (!PyArg_ParseTuple(item, "O!i", &PyTuple_Type, &shape, &out->type))
+        return -1;
+    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    if (nd > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "Runner: %zd dimensions (at most %d)", nd, MAX_DIMS);
+        return -1;
+    }
+    out->ndim = (int)nd;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        out->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (out->dims[d] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+/* Each item of ``seq`` (a tuple) parsed into the given columns by ``fmt``. */
+#define ALLOC(ptr, n) (((ptr) = PyMem_Calloc((size_t)(n) + 1, sizeof *(ptr))) == NULL)
+
+static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"fn", "refs", "inputs", "outputs", "accumulations", "results",
+                            "arena_bytes", "errors", "accumulate", "fix_input", NULL};
+    unsigned long long fn;
+    PyObject *refs, *inputs, *outputs, *accs, *results, *errors, *accumulate, *fix_input;
+    if (r->fn != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO", names, &fn,
+                                     &PyTuple_Type, &refs, &PyTuple_Type, &inputs,
+                                     &PyTuple_Type, &outputs, &PyTuple_Type, &accs,
+                                     &PyTuple_Type, &results, &r->arena_bytes,
+                                     &PyTuple_Type, &errors, &accumulate, &fix_input))
+        return -1;
+    r->n_refs = PyTuple_GET_SIZE(refs);
+    r->n_in = PyTuple_GET_SIZE(inputs);
+    r->n_out = PyTuple_GET_SIZE(outputs);
+    r->n_acc = PyTuple_GET_SIZE(accs);
+    r->n_res = PyTuple_GET_SIZE(results);
+    if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
+        || ALLOC(r->in_layout, r->n_in) || ALLOC(r->out_layout, r->n_out)
+        || ALLOC(r->acc_slot, r->n_acc) || ALLOC(r->acc_out, r->n_acc)
+        || ALLOC(r->acc_owned, r->n_acc) || ALLOC(r->res_kind, r->n_res)
+        || ALLOC(r->res_index, r->n_res)) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < r->n_refs; k++)
+        if ((r->ref_box[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(refs, k))) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "Runner: a negative box index");
+            goto fail;
+        }
+    for (Py_ssize_t j = 0; j < r->n_in; j++) {
+        PyObject *layout;
+        int keep;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, j), "npO", &r->in_slot[j], &keep,
+                              &layout) || read_layout(layout, &r->in_layout[j]) < 0)
+            goto fail;
+        r->in_keep[j] = (char)keep;
+    }
+    for (Py_ssize_t j = 0; j < r->n_out; j++)
+        if (read_layout(PyTuple_GET_ITEM(outputs, j), &r->out_layout[j]) < 0)
+            goto fail;
+    for (Py_ssize_t k = 0; k < r->n_acc; k++) {
+        int owned;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(accs, k), "nnp", &r->acc_slot[k], &r->acc_out[k],
+                              &owned))
+            goto fail;
+        r->acc_owned[k] = (char)owned;
+    }
+    for (Py_ssize_t k = 0; k < r->n_res; k++)
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(results, k), "nn", &r->res_kind[k],
+                              &r->res_index[k]))
+            goto fail;
+    /* Every index in range, so that a call never reads outside its arrays. */
+    for (Py_ssize_t j = 0; j < r->n_in; j++)
+        if (r->in_slot[j] < 0 || r->in_slot[j] >= r->n_refs)
+            goto range;
+    for (Py_ssize_t k = 0; k < r->n_acc; k++)
+        if (r->acc_slot[k] < 0 || r->acc_slot[k] >= r->n_refs || r->acc_out[k] < 0 ||
+            r->acc_out[k] >= r->n_out)
+            goto range;
+    for (Py_ssize_t k = 0; k < r->n_res; k++) {
+        Py_ssize_t kind = r->res_kind[k], i = r->res_index[k];
+        if (kind < 0 || kind > 2 || (kind == 1 && (i < 0 || i >= r->n_refs)) ||
+            (kind == 2 && (i < 0 || i >= r->n_out)))
+            goto range;
+    }
+    if (fn == 0 || r->arena_bytes < 0)
+        goto range;
+    r->fn = (backward_fn)(uintptr_t)fn;
+    r->errors = Py_NewRef(errors);
+    r->accumulate = Py_NewRef(accumulate);
+    r->fix_input = Py_NewRef(fix_input);
+    return 0;
+range:
+    PyErr_SetString(PyExc_ValueError, "Runner: an index out of range");
+fail:
+    runner_free_arrays(r);
+    memset(&r->fn, 0, sizeof *r - offsetof(Runner, fn));
+    return -1;
+}
+
+static int conforms(PyObject *obj, const Layout *l)
+{
+    if (!PyArray_CheckExact(obj))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_NDIM(a) != l->ndim || PyArray_TYPE(a) != l->type || !PyArray_ISNOTSWAPPED(a)
+        || !PyArray_IS_C_CONTIGUOUS(a))
+        return 0;
+    for (int d = 0; d < l->ndim; d++)
+        if (PyArray_DIM(a, d) != l->dims[d])
+            return 0;
+    return 1;
+}
+
+/* The array of input ``j``, a new reference: ``obj`` itself, its ``_data`` (a
+   leaf Tensor), or what fix_input(j, value, sizes) returns. */
+static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *sizes)
+{
+    PyObject *arr;
+    if (PyArray_CheckExact(obj)) {
+        arr = Py_NewRef(obj);
+    } else if ((arr = PyObject_GetAttrString(obj, "_data")) == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        arr = Py_NewRef(obj);
+    }
+    if (conforms(arr, &r->in_layout[j]))
+        return arr;
+    PyObject *index = PyLong_FromSsize_t(j);
+    PyObject *fixed = index ? PyObject_CallFunctionObjArgs(r->fix_input, index, arr, sizes, NULL)
+                            : NULL;
+    Py_XDECREF(index);
+    Py_DECREF(arr);
+    if (fixed != NULL && !PyArray_Check(fixed)) {
+        PyErr_SetString(PyExc_TypeError, "Runner: fix_input did not return an array");
+        Py_CLEAR(fixed);
+    }
+    return fixed;
+}
+
+/* The numbers of a list as a C array (PyMem; NULL with no error when empty). */
+static int read_numbers(PyObject *list, int as_double, void **out)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    if ((*out = PyMem_Malloc((size_t)n * 8)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(list, i);
+        if (as_double) {
+            double x = PyFloat_AsDouble(v);
+            if (x == -1.0 && PyErr_Occurred())
+                return -1;
+            ((double *)*out)[i] = x;
+        } else {
+            int64_t x = PyLong_AsLongLong(v);
+            if (x == -1 && PyErr_Occurred())
+                return -1;
+            ((int64_t *)*out)[i] = x;
+        }
+    }
+    return 0;
+}
+
+static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
+{
+    PyObject *inputs, *sizes, *scalars;
+    static char *names[] = {"inputs", "sizes", "scalars", NULL};
+    if (r->fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner: not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!", names, &PyList_Type, &inputs,
+                                     &PyList_Type, &sizes, &PyList_Type, &scalars))
+        return NULL;
+    PyObject *result = NULL;
+    PyObject **refs = PyMem_Calloc((size_t)(r->n_refs + r->n_in + r->n_out) + 1,
+                                   sizeof(PyObject *));
+    void *size_arr = NULL, *scalar_arr = NULL;
+    char *arena = NULL;
+    if (refs == NULL)
+        return PyErr_NoMemory();
+    PyObject **in = refs + r->n_refs, **out = in + r->n_in;
+    Py_ssize_t n_box = PyList_GET_SIZE(inputs);
+    for (Py_ssize_t k = 0; k < r->n_refs; k++) {
+        Py_ssize_t i = r->ref_box[k];
+        if (i >= n_box) {
+            PyErr_Format(PyExc_IndexError, "compiled C backward: input %zd of %zd", i, n_box);
+            goto done;
+        }
+        refs[k] = PyList_GET_ITEM(inputs, i);          /* the list's reference, now ours */
+        PyList_SET_ITEM(inputs, i, Py_NewRef(Py_None));
+    }
+    if (read_numbers(sizes, 0, &size_arr) < 0 || read_numbers(scalars, 1, &scalar_arr) < 0)
+        goto done;
+    for (Py_ssize_t j = 0; j < r->n_in; j++) {
+        Py_ssize_t slot = r->in_slot[j];
+        if ((in[j] = input_array(r, j, refs[slot], sizes)) == NULL)
+            goto done;
+    }
+    for (Py_ssize_t j = 0; j < r->n_in; j++)    /* the arrays are all the call keeps */
+        if (!r->in_keep[j])
+            Py_CLEAR(refs[r->in_slot[j]]);
+    if ((arena = PyMem_RawMalloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < r->n_out; j++) {
+        Layout *l = &r->out_layout[j];
+        if ((out[j] = PyArray_EMPTY(l->ndim, l->dims, l->type, 0)) == NULL)
+            goto done;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = r->fn((void **)in, (void **)out, arena, size_arr, scalar_arr, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        Py_ssize_t e = -(Py_ssize_t)rc - 1;
+        if (rc > 0 || e >= PyTuple_GET_SIZE(r->errors))
+            PyErr_Format(PyExc_RuntimeError, "compiled C backward: return code %d", rc);
+        else
+            PyErr_Format(PyExc_RuntimeError, "compiled C backward: %U",
+                         PyTuple_GET_ITEM(r->errors, e));
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < r->n_acc; k++) {
+        PyObject *variable = refs[r->acc_slot[k]];
+        if (variable == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "Runner: an accumulation's variable was dropped");
+            goto done;
+        }
+        PyObject *call_args[3] = {variable, out[r->acc_out[k]],
+                                  r->acc_owned[k] ? Py_True : Py_False};
+        PyObject *none = PyObject_Vectorcall(r->accumulate, call_args, 3, NULL);
+        if (none == NULL)
+            goto done;
+        Py_DECREF(none);
+    }
+    if ((result = PyTuple_New(r->n_res)) == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < r->n_res; k++) {
+        Py_ssize_t kind = r->res_kind[k], i = r->res_index[k];
+        PyObject *v = kind == 1 ? refs[i] : kind == 2 ? out[i] : Py_None;
+        PyTuple_SET_ITEM(result, k, Py_NewRef(v != NULL ? v : Py_None));
+    }
+done:
+    for (Py_ssize_t k = 0; k < r->n_refs + r->n_in + r->n_out; k++)
+        Py_XDECREF(refs[k]);
+    PyMem_Free(refs);
+    PyMem_Free(size_arr);
+    PyMem_Free(scalar_arr);
+    PyMem_RawFree(arena);
+    return result;
+}
+
+static PyTypeObject RunnerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_c_call.Runner",
+    .tp_doc = "The call of one compiled C backward without callbacks (codegen/c_call.c).",
+    .tp_basicsize = sizeof(Runner),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)runner_init,
+    .tp_dealloc = (destructor)runner_dealloc,
+    .tp_call = (ternaryfunc)runner_call,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_call", NULL, -1, NULL,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__c_call(void)
+{
+    import_array();
+    if (PyType_Ready(&RunnerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Runner", (PyObject *)&RunnerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

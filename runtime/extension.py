@@ -1,0 +1,93 @@
+"""A CPython extension module of the project's own C, built on first use.
+
+``Extension(name, sources, what, env_var)`` describes one: its C files (joined
+into one translation unit, each behind a ``#line`` directive so that compiler
+messages name the right file), and the environment variable that turns it off
+(``=0``). ``module()`` builds it with the system compiler against this
+interpreter's headers (``cbuild.build_extension``: the C backend's private
+cache, so a second process loads it without compiling) and imports it; without a
+compiler or the headers it returns None and ``status()`` says why, so the
+caller's Python code runs instead. Used by the cache hit's walks
+(``compiled_autograd.native_walk``) and the C backend's call
+(``codegen.c_run``).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger("compiled_autograd")
+
+
+class Extension:
+    def __init__(self, name: str, sources: tuple[Path, ...], what: str, env_var: str,
+                 numpy_headers: bool = False):
+        self.name, self.sources, self.what, self.env_var = name, sources, what, env_var
+        self.numpy_headers = numpy_headers
+        self._lock = threading.Lock()
+        self._module = None
+        self._status = None                 # "native: <path>" or "python: <why>"
+        self._enabled = os.environ.get(env_var, "1") != "0"   # read once: calls are hot
+
+    def source(self) -> str:
+        return "".join(f'#line 1 "{path.name}"\n{path.read_text()}' for path in self.sources)
+
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def module(self):
+        """The loaded module, or None (disabled, or it could not be built)."""
+        if not self._enabled:
+            return None
+        if self._status is None:
+            with self._lock:
+                if self._status is None:
+                    self._load()
+        return self._module
+
+    def loaded(self):
+        """The module if it is already loaded, else None; never builds it."""
+        return self._module
+
+    @contextlib.contextmanager
+    def disabled(self):
+        """The Python code, for the duration (as ``<env_var>=0`` does for a whole
+        process): for comparing the two."""
+        old, self._enabled = self._enabled, False
+        try:
+            yield
+        finally:
+            self._enabled = old
+
+    def status(self) -> str:
+        """``native: <library>`` or ``python: <reason>``."""
+        if not self._enabled:
+            return f"python: disabled by {self.env_var}=0"
+        self.module()
+        return self._status
+
+    def reset(self) -> None:
+        """Forget the loaded module (tests: build it again, or under other settings)."""
+        with self._lock:
+            self._module = self._status = None
+
+    def _load(self) -> None:
+        from runtime.cbuild import CBuildError, build_extension
+        try:
+            include, tag = [], ""
+            if self.numpy_headers:
+                import numpy as np
+                include, tag = [np.get_include()], f"numpy {np.__version__}"
+            path, _ = build_extension(self.source(), self.name, include, tag)
+            spec = importlib.util.spec_from_file_location(self.name, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        except (CBuildError, OSError, ImportError) as e:
+            self._status = f"python: {self.what} could not be built ({str(e).splitlines()[0]})"
+            log.info("compiled autograd: %s", self._status)
+            return
+        self._module, self._status = mod, f"native: {path}"
