@@ -46,7 +46,9 @@ WARNING_FLAGS = ("-Wall", "-Wextra")
 # -fno-trapping-math: nothing reads the floating-point exception flags, and without
 # it GCC will not turn the selects of the inline exp/erf into vector blends.
 # (-std=c11 keeps -ffp-contract=off: no a*b+c is fused behind numpy's back.)
-OPT_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
+# -fopenmp-simd: the `omp simd` pragmas of the sum loops, nothing else of OpenMP.
+OPT_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-fPIC",
+             "-shared", "-std=c11")
 
 
 @functools.cache
