@@ -1,4 +1,4 @@
-/* The call of a compiled C backward that has no callbacks, in C (see c_call.py).
+/* The call of a compiled C backward that has no callbacks, in C (see c_run.py).
 
    Runner(spec) holds what CBackward.build derived from the program; calling it,
    runner(inputs, sizes, scalars), does what CBackward.__call__'s Python path
@@ -14,8 +14,8 @@
      5. hand each gradient to the Python ``accumulate`` (node.accumulate_into),
         in the program's order, so that the .grad rules are written once;
      6. return the results.
-   On an error the objects taken stay taken, as on the Python path, and no
-   gradient is accumulated. */
+   On an error the objects taken stay taken, as on the Python path; an error in
+   the C function comes before any gradient is accumulated. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -26,11 +26,9 @@
 typedef int (*backward_fn)(void **in, void **out, char *arena, const int64_t *sizes,
                            const double *scalars, const int64_t *offsets, void *cb);
 
-#define MAX_DIMS 32
-
 typedef struct {
     int ndim, type;
-    npy_intp dims[MAX_DIMS];
+    npy_intp dims[NPY_MAXDIMS];
 } Layout;
 
 typedef struct {
@@ -55,10 +53,29 @@ static void runner_free_arrays(Runner *r)
     PyMem_Free(r->res_index);
 }
 
+/* The Python objects a Runner holds: the collector sees them (a fix_input that
+   reaches back to the runner's owner makes a cycle). */
+static int runner_traverse(Runner *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->errors);
+    Py_VISIT(r->accumulate);
+    Py_VISIT(r->fix_input);
+    return 0;
+}
+
+static int runner_clear(Runner *r)
+{
+    Py_CLEAR(r->errors);
+    Py_CLEAR(r->accumulate);
+    Py_CLEAR(r->fix_input);
+    return 0;
+}
+
 static void runner_dealloc(Runner *r)
 {
+    PyObject_GC_UnTrack(r);
     runner_free_arrays(r);
-    Py_XDECREF(r->errors); Py_XDECREF(r->accumulate); Py_XDECREF(r->fix_input);
+    runner_clear(r);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -69,10 +86,14 @@ static int read_layout(PyObject *item, Layout *out)
     if (!PyArg_ParseTuple(item, "O!i", &PyTuple_Type, &shape, &out->type))
         return -1;
     Py_ssize_t nd = PyTuple_GET_SIZE(shape);
-    if (nd > MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "Runner: %zd dimensions (at most %d)", nd, MAX_DIMS);
+    if (nd > NPY_MAXDIMS) {
+        PyErr_Format(PyExc_ValueError, "Runner: %zd dimensions (at most %d)", nd, NPY_MAXDIMS);
         return -1;
     }
+    PyArray_Descr *descr = PyArray_DescrFromType(out->type);     /* a known type number */
+    if (descr == NULL)
+        return -1;
+    Py_DECREF(descr);
     out->ndim = (int)nd;
     for (Py_ssize_t d = 0; d < nd; d++) {
         out->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
@@ -158,6 +179,11 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
     }
     if (fn == 0 || r->arena_bytes < 0)
         goto range;
+    for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(errors); e++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(errors, e))) {
+            PyErr_SetString(PyExc_TypeError, "Runner: errors must be strings");
+            goto fail;
+        }
     r->fn = (backward_fn)(uintptr_t)fn;
     r->errors = Py_NewRef(errors);
     r->accumulate = Py_NewRef(accumulate);
@@ -224,18 +250,22 @@ static int read_numbers(PyObject *list, int as_double, void **out)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyList_GET_ITEM(list, i);
-        if (as_double) {
-            double x = PyFloat_AsDouble(v);
-            if (x == -1.0 && PyErr_Occurred())
-                return -1;
-            ((double *)*out)[i] = x;
-        } else {
-            int64_t x = PyLong_AsLongLong(v);
-            if (x == -1 && PyErr_Occurred())
-                return -1;
-            ((int64_t *)*out)[i] = x;
+        if (i >= PyList_GET_SIZE(list)) {
+            PyErr_SetString(PyExc_RuntimeError, "compiled C backward: sizes changed size");
+            return -1;
         }
+        PyObject *v = Py_NewRef(PyList_GET_ITEM(list, i));  /* __index__ may run code */
+        int failed;
+        if (as_double) {
+            double x = ((double *)*out)[i] = PyFloat_AsDouble(v);
+            failed = x == -1.0 && PyErr_Occurred();
+        } else {
+            int64_t x = ((int64_t *)*out)[i] = PyLong_AsLongLong(v);
+            failed = x == -1 && PyErr_Occurred();
+        }
+        Py_DECREF(v);
+        if (failed)
+            return -1;
     }
     return 0;
 }
@@ -263,14 +293,12 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     for (Py_ssize_t k = 0; k < r->n_refs; k++) {
         Py_ssize_t i = r->ref_box[k];
         if (i >= n_box) {
-            PyErr_Format(PyExc_IndexError, "compiled C backward: input %zd of %zd", i, n_box);
+            PyErr_SetString(PyExc_IndexError, "list index out of range");  /* as list[i] */
             goto done;
         }
         refs[k] = PyList_GET_ITEM(inputs, i);          /* the list's reference, now ours */
         PyList_SET_ITEM(inputs, i, Py_NewRef(Py_None));
     }
-    if (read_numbers(sizes, 0, &size_arr) < 0 || read_numbers(scalars, 1, &scalar_arr) < 0)
-        goto done;
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
         Py_ssize_t slot = r->in_slot[j];
         if ((in[j] = input_array(r, j, refs[slot], sizes)) == NULL)
@@ -279,6 +307,8 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     for (Py_ssize_t j = 0; j < r->n_in; j++)    /* the arrays are all the call keeps */
         if (!r->in_keep[j])
             Py_CLEAR(refs[r->in_slot[j]]);
+    if (read_numbers(sizes, 0, &size_arr) < 0 || read_numbers(scalars, 1, &scalar_arr) < 0)
+        goto done;
     if ((arena = PyMem_RawMalloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -336,8 +366,10 @@ static PyTypeObject RunnerType = {
     .tp_name = "_c_call.Runner",
     .tp_doc = "The call of one compiled C backward without callbacks (codegen/c_call.c).",
     .tp_basicsize = sizeof(Runner),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)runner_traverse,
+    .tp_clear = (inquiry)runner_clear,
     .tp_init = (initproc)runner_init,
     .tp_dealloc = (destructor)runner_dealloc,
     .tp_call = (ternaryfunc)runner_call,

@@ -81,8 +81,7 @@ def _reduce(e, node):
                        out_index=c_expr(out.offset), **data))
     else:
         e.emit(_render("reduce.c.j2", outer=[(names[d], c_expr(loop[d])) for d in kept],
-                       # (a reduction over no dims still walks one element)
-                       inner=[(names[d], c_expr(loop[d])) for d in dims] or [("r0", "1")],
+                       inner=[(names[d], c_expr(loop[d])) for d in dims],
                        out_index=e.index(out.offset, out_strides, names), **data))
     e.vals[node] = out
 

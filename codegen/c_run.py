@@ -143,11 +143,11 @@ class CBackward:
         outputs = [None] * len(prog.out_storages)
         for s in prog.out_storages:
             outputs[s.index] = (self._out_shapes[s.index], np.dtype(s.dtype).num)
-        specs = self._input_specs
+        specs, checked = self._input_specs, self._checked
 
         def fix_input(j, arr, sizes):      # a value that is not the traced array: check it
-            i, _, _, _, _, val = specs[j]
-            return self._checked(arr, val, sizes, f"input {i}")
+            i, _, _, _, _, val = specs[j]   # (not through self: the runner is self's)
+            return checked(arr, val, sizes, f"input {i}")
         return module.Runner(
             fn=ctypes.cast(fn, ctypes.c_void_p).value,
             refs=tuple(i for box, i in prog.pyrefs.values()),

@@ -119,7 +119,7 @@ def test_grads_accumulate_and_autograd_grad_returns_values():
         held = [p.grad for p in params]
         make_loss().backward()        # added in place: .grad stays the same tensor
         grad_c = ca.autograd.grad(make_loss(), params)
-    assert [p.grad for p in params] == held
+    assert all(p.grad is h for p, h in zip(params, held))
     for p, t in zip(params, twice):
         np.testing.assert_allclose(p.grad.numpy(), t, rtol=1e-10)
     for g, e in zip(grad_c, grad_eager):
@@ -157,6 +157,10 @@ def test_the_boxed_values_are_freed_and_nothing_leaks():
     ex = build("mlp", **MLP)
     with ca.compiled_backward(backend="c"):
         ex.loss().backward()           # the miss: compiles
+    fn = _compiled_fn()
+    assert fn._runner is not None
+    compiled_fn = weakref.ref(fn)
+    del fn
     for p in ex.parameters():
         p.grad = None
     loss = ex.loss()
@@ -172,6 +176,11 @@ def test_the_boxed_values_are_freed_and_nothing_leaks():
     # the other reference; counted outside the assert, which would hold one more)
     counts = [sys.getrefcount(p.grad._data) for p in ex.parameters()]
     assert counts == [2] * len(counts)
+    # and the compiled function (its runner, whose fix_input reaches it) is freed
+    # once the cache lets it go
+    ca.reset_compiled_autograd()
+    gc.collect()
+    assert compiled_fn() is None
 
 
 def _autograd_nodes(loss):
@@ -250,10 +259,15 @@ def test_a_wrong_input_gives_the_python_paths_error():
     def not_an_array(fn, inputs):
         inputs[_first_2d_input(fn, inputs)] = "not an array"
 
-    for change, message in ((wrong_shape, "but the backward was compiled for"),
-                            (not_an_array, "gave str, expected an array")):
+    def too_few(fn, inputs):
+        del inputs[max(i for i, _ in fn.prog.inputs):]
+
+    for change, error, message in (
+            (wrong_shape, RuntimeError, "but the backward was compiled for"),
+            (not_an_array, RuntimeError, "gave str, expected an array"),
+            (too_few, IndexError, "list index out of range")):
         native, python = _call_both(ex.loss, change)
-        assert native == python and native[0] is RuntimeError and message in native[1], native
+        assert native == python and native[0] is error and message in native[1], native
 
 
 def test_an_error_the_c_detects_gives_the_python_paths_error():
