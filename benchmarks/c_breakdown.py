@@ -53,16 +53,11 @@ def c_function_share(case, reps):
 
     def whole():
         ca.reset_compiled_autograd()
-        calls = []
-        for _ in range(reps + 3):
-            loss = make_loss()
-            start = time.perf_counter()
+
+        def run(loss):
             with ca.compiled_backward(backend="c"):
                 loss.backward()
-            calls.append(time.perf_counter() - start)
-            for p in params:
-                p.grad = None
-        return statistics.median(calls[3:])
+        return backward._median_backward(make_loss, params, reps, run)
 
     native = whole()
     CBackward.__call__ = timed_call
@@ -71,7 +66,7 @@ def c_function_share(case, reps):
             python = whole()
     finally:
         CBackward.__call__ = original
-    return native, python, statistics.median(inner[3:])
+    return native, python, statistics.median(inner[3:])  # (3 warm-up calls)
 
 
 def sgemm(reps):

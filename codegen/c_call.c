@@ -103,7 +103,7 @@ static int read_layout(PyObject *item, Layout *out)
     return 0;
 }
 
-/* Each item of ``seq`` (a tuple) parsed into the given columns by ``fmt``. */
+/* A zeroed PyMem array of n (+1, so never of size 0) elements; true on failure. */
 #define ALLOC(ptr, n) (((ptr) = PyMem_Calloc((size_t)(n) + 1, sizeof *(ptr))) == NULL)
 
 static int runner_init(Runner *r, PyObject *args, PyObject *kwds)

@@ -75,3 +75,16 @@ def assert_close(ours, theirs, rtol=1e-4, atol=1e-5, what=""):
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} vs {theirs.shape}"
     np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=atol, err_msg=what)
+
+
+def status_with(env_var, module, name):
+    """``<name>.module()`` and ``.status()`` printed by a fresh interpreter that has
+    ``<env_var>=0`` (an extension's switch is read once, at import)."""
+    import os
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", f"from {module} import {name}; "
+                           f"print({name}.module(), {name}.status())"],
+                          env=dict(os.environ, **{env_var: "0"}), capture_output=True,
+                          text=True, check=True)
+    return done.stdout.strip()

@@ -1,8 +1,8 @@
 """The C backend's call in C (codegen/c_call.c's Runner) against its Python path
 (CBackward.__call__ with the runner off): same gradients bit for bit, same
 errors, same ownership of the boxed values; and which programs use it."""
+import contextlib
 import gc
-import os
 import subprocess
 import sys
 import weakref
@@ -14,7 +14,7 @@ import compiled_autograd as ca
 from codegen.c_run import C_CALL, CBackward
 from compiled_autograd import compiled, engine
 from compiled_autograd.examples import build
-from helpers import MLP, TRANSFORMER, needs_cc
+from helpers import MLP, TRANSFORMER, needs_cc, status_with
 
 pytestmark = [needs_cc, pytest.mark.usefixtures("fresh_compiled_cache")]
 
@@ -46,20 +46,12 @@ def _grads_of(make_loss, params, python_path):
     ca.reset_compiled_autograd()
     for p in params:
         p.grad = None
-    with C_CALL.disabled() if python_path else _nothing():
+    with C_CALL.disabled() if python_path else contextlib.nullcontext():
         with ca.compiled_backward(backend="c"):
             make_loss().backward()
     fn = _compiled_fn()
     assert (fn._runner is None) == python_path
     return [p.grad.numpy().copy() for p in params]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _example(name, **sizes):
@@ -216,7 +208,7 @@ def _call_both(make_loss, change):
     outcomes = []
     for python_path in (False, True):
         ca.reset_compiled_autograd()
-        with C_CALL.disabled() if python_path else _nothing():
+        with C_CALL.disabled() if python_path else contextlib.nullcontext():
             fn, args = _boxed(make_loss())
         assert (fn._runner is None) == python_path
         change(fn, args[0])
@@ -304,8 +296,5 @@ def test_the_call_compiles_without_warnings(tmp_path):
 
 
 def test_switched_off_by_its_environment_variable():
-    done = subprocess.run([sys.executable, "-c", "from codegen.c_run import C_CALL; "
-                           "print(C_CALL.module(), C_CALL.status())"],
-                          env=dict(os.environ, CA_C_CALL="0"), capture_output=True,
-                          text=True, check=True)
-    assert done.stdout.strip() == "None python: disabled by CA_C_CALL=0"
+    assert status_with("CA_C_CALL", "codegen.c_run", "C_CALL") == \
+        "None python: disabled by CA_C_CALL=0"

@@ -4,7 +4,6 @@ walks they mirror. Every scenario of test_compiled.py runs again here, on the
 the graph task (nodes, ranks, edges) and every collected list, by value for the
 key and sizes and by identity for the runtime values; an error must be the same
 error."""
-import os
 
 import numpy as np
 import pytest
@@ -202,13 +201,9 @@ def test_without_a_compiler_the_python_walk_runs(monkeypatch, tmp_path):
 
 
 def test_ca_native_walk_0_turns_it_off():
-    import subprocess
-    import sys
-    done = subprocess.run([sys.executable, "-c", "from compiled_autograd import native_walk; "
-                           "print(native_walk.module(), native_walk.status())"],
-                          env=dict(os.environ, CA_NATIVE_WALK="0"), capture_output=True,
-                          text=True, check=True)
-    assert done.stdout.strip() == "None python: disabled by CA_NATIVE_WALK=0"
+    from helpers import status_with
+    assert (status_with("CA_NATIVE_WALK", "compiled_autograd", "native_walk")
+            == "None python: disabled by CA_NATIVE_WALK=0")
     with native_walk.disabled():
         assert native_walk.module() is None
     assert native_walk.module() is not None
