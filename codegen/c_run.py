@@ -12,7 +12,7 @@ then runs the hook and hands C a pointer to each array it returned.
 A program without callbacks (no hooks, nothing released early), with a static
 memory plan and whole output arrays as its gradients -- the common case -- is
 called in C instead: ``c_call.c``'s Runner does the same steps, in the same
-order, without the Python glue (on the small MLP that glue was 60 of 130 us).
+order, without the Python glue (benchmarks/c_breakdown.py times both calls).
 It is built once per machine like the cache hit's walk (``runtime.extension``);
 without a compiler for it, with ``CA_C_CALL=0``, or while ``ca.memory.profile()``
 records, the Python code below runs.
