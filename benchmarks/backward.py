@@ -43,7 +43,6 @@ def _chain(lib):
 
 
 def _torch_setup(case):
-    import numpy as np
     import torch
     from compiled_autograd.examples import build
     F = torch.nn.functional
@@ -94,7 +93,6 @@ def _torch_setup(case):
 
 
 def _ca_setup(case):
-    import numpy as np
     import compiled_autograd as ca
     from compiled_autograd.examples import build
     if case == "chain":

@@ -1,6 +1,5 @@
 """The eager engine's semantics, as torch.autograd's."""
 import numpy as np
-import pytest
 
 import compiled_autograd as ca
 from helpers import assert_close, needs_torch, torch

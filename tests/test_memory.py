@@ -1,6 +1,5 @@
 """Memory accounting, and what checkpointing and offloading save: measured with
 ca.memory.profile() and cross-checked with tracemalloc (bytes, never times)."""
-import numpy as np
 import pytest
 
 import compiled_autograd as ca

@@ -9,7 +9,7 @@ from compiled_autograd import random as _random
 from compiled_autograd.tensor import Tensor
 from compiled_autograd.tensor_methods import _float
 from runtime.memory import on_array
-from runtime.prims import norm_dim, ops
+from runtime.prims import ops
 
 
 def linear(input, weight, bias=None):
