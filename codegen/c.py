@@ -97,6 +97,7 @@ class Site:
         self.item_vals: dict = {}     # item index -> Val, for a hook returning a tuple
         self.release = list(release)  # storages Python drops before running it
         self.alloc: list = []         # "out" storages Python allocates at this callback
+        self.open_blocks: list = []   # arena blocks Python allocates at its end
 
 
 class CProgram:
@@ -113,7 +114,10 @@ class CProgram:
         self.out_storages: list = []
         self.arena_storages: list = []
         self.ext_storages: list = []
-        self.plan = None
+        self.plan = None              # the arena plan (None if it depends on sizes)
+        self.cuts: list = []          # the callbacks' steps, sorted
+        self.blocks: list = []        # per arena storage: its block (see codegen.arena)
+        self.windows: list = []       # per block: (open, close) callback ordinals
         self.dynamic = False
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
 
@@ -461,6 +465,44 @@ class Emitter:
                                                   f"CA_DATA(out[{s.index}]);"))
         return lazy
 
+    def _plan_arena_blocks(self):
+        """The arena plan (``codegen.arena``), with the callbacks' steps as its cuts.
+        A buffer in a block opened at a callback gets its pointer after that
+        callback, which allocated the block. Returns those buffers. (A dynamic
+        graph's plan depends on its sizes: the runner makes it per call, with
+        the same blocks, which depend on steps only.)"""
+        prog = self.prog
+        prog.cuts = sorted(site.step for site in prog.sites)
+        assert len(set(prog.cuts)) == len(prog.cuts), "two callbacks at one step"
+        buffers = [(s.nbytes if not prog.dynamic else 0, s.first, s.last)
+                   for s in prog.arena_storages]
+        plan = arena_plan.plan(buffers, prog.cuts)
+        prog.plan = None if prog.dynamic else plan
+        prog.blocks, prog.windows = plan.blocks, plan.windows
+        late = set()
+        by_step = {site.step: site for site in prog.sites}
+        for i, s in enumerate(prog.arena_storages):
+            opened = prog.windows[prog.blocks[i]][0]
+            if opened > 0:
+                late.add(s)
+                self.stmts.append((prog.cuts[opened - 1], "", f"{s.name} = {self._arena_pointer(s)};"))
+        for k, (opened, _) in enumerate(prog.windows):
+            if opened > 0:
+                by_step[prog.cuts[opened - 1]].open_blocks.append(k)
+        return late
+
+    def _arena_pointer(self, s):
+        """C for the address of arena buffer ``s``: its block's base plus its offset.
+        The block live for the whole call is ``arena``; any other is an array
+        Python allocated, read from ``out[]`` after the output arrays."""
+        prog = self.prog
+        i = prog.arena_index[s]
+        k = prog.blocks[i]
+        base = ("arena" if prog.windows[k] == (0, len(prog.cuts))
+                else f"CA_DATA(out[{len(prog.out_storages) + k}])")
+        offset = f"offsets[{i}]" if prog.dynamic else str(prog.plan.offsets[i])
+        return f"({ctype(s.dtype)} *)({base} + {offset})"
+
     def _set_lifetimes(self):
         """Each buffer's last step, from the graph's one liveness analysis
         (``Graph.last_uses``): a value dies at the step of its last reader, where
@@ -500,19 +542,14 @@ class Emitter:
                                    f"  /* release: {len(dying[step])} array(s) past last use */"))
         lazy = self._allocate_outputs_late()
         renames = self._reuse_dying_inputs()
-        if not prog.dynamic:
-            prog.plan = arena_plan.plan([(s.nbytes, s.first, s.last)
-                                         for s in prog.arena_storages])
-            offsets = [str(o) for o in prog.plan.offsets]
-        else:
-            offsets = [f"offsets[{i}]" for i in range(len(prog.arena_storages))]
+        late_arena = self._plan_arena_blocks()
         decls = []     # every pointer: its C type, name and initial value
 
         def decl(storage, init, note=""):
             decls.append({"type": ctype(storage.dtype), "name": storage.name, "init": init,
                           "note": note})
-        for i, s in enumerate(prog.arena_storages):
-            decl(s, f"({ctype(s.dtype)} *)(arena + {offsets[i]})")
+        for s in prog.arena_storages:
+            decl(s, "NULL" if s in late_arena else self._arena_pointer(s))
         for s in prog.out_storages:
             decl(s, "NULL" if s in lazy else f"({ctype(s.dtype)} *)CA_DATA(out[{s.index}])")
         for j, (_, s) in enumerate(prog.inputs):

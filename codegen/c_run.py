@@ -46,7 +46,8 @@ _P = ctypes.c_void_p
 
 
 class _Frame:
-    __slots__ = ("py", "store", "arena", "outs", "out_objs", "sizes", "error", "flushed")
+    __slots__ = ("py", "store", "arena", "blocks", "outs", "out_objs", "sizes", "error",
+                 "flushed")
 
 
 class CBackward:
@@ -95,6 +96,17 @@ class CBackward:
                             for s in prog.out_storages]
         late = {s for site in prog.sites for s in site.alloc}
         self._outs_at_start = [s for s in prog.out_storages if s not in late]
+        # Arena blocks (codegen.arena): the one live for the whole call is the
+        # `arena` argument; every other is allocated at the start or at the end of
+        # the callback that opens its window, and dropped at the start of the one
+        # that closes it.
+        whole = (0, len(prog.cuts))
+        self._whole_block = prog.windows.index(whole) if whole in prog.windows else None
+        cut_of = {site.step: c for c, site in enumerate(sorted(prog.sites, key=lambda t: t.step))}
+        self._blocks_at_start = [k for k, w in enumerate(prog.windows) if w[0] == 0 and w != whole]
+        self._blocks_closed = {site.index: [k for k, w in enumerate(prog.windows)
+                                            if w[1] == cut_of[site.step] and w != whole]
+                               for site in prog.sites}
         self._pyrefs = [(node, box, i, box not in ("sizes", "scalars"))
                         for node, (box, i) in prog.pyrefs.items()]
         self._plans: dict = {}
@@ -165,14 +177,13 @@ class CBackward:
     def _base(self, frame, storage):
         kind = storage.kind
         if kind == "arena":
-            return frame.arena[self._offset(frame, storage):]
+            i = self.prog.arena_index[storage]
+            k = self.prog.blocks[i]
+            block = frame.arena if k == self._whole_block else frame.blocks[k]
+            return block[self._plan(frame.sizes).offsets[i]:]
         if kind == "out":
             return frame.outs[storage.index]
         return frame.store[storage]
-
-    def _offset(self, frame, storage):
-        plan = self._plan(frame.sizes)
-        return plan.offsets[self.prog.arena_index[storage]]
 
     def _resolve(self, frame, v, copy, whole=None):
         storage = v.storage
@@ -191,8 +202,26 @@ class CBackward:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = arena_plan.plan(
-                [(value_of(s.nbytes, sizes), s.first, s.last) for s in self.prog.arena_storages])
+                [(value_of(s.nbytes, sizes), s.first, s.last) for s in self.prog.arena_storages],
+                self.prog.cuts)
         return plan
+
+    def _open_blocks(self, frame, blocks):
+        """Allocate arena ``blocks``, handed to C through ``out[]`` after the outputs."""
+        sizes = self._plan(frame.sizes).block_sizes
+        n_out = len(self.prog.out_storages)
+        for k in blocks:
+            arr = np.empty(max(sizes[k], 1), np.uint8)
+            if memory.active():
+                memory.on_array(arr, "c_arena", "temporary")
+            frame.blocks[k] = arr
+            frame.out_objs[n_out + k] = id(arr)
+
+    def _close_blocks(self, frame, blocks):
+        n_out = len(self.prog.out_storages)
+        for k in blocks:
+            frame.blocks[k] = None
+            frame.out_objs[n_out + k] = 0
 
     # ------------------------------------------------------------ deferred work
 
@@ -220,11 +249,13 @@ class CBackward:
         frame = self._threads.frames[-1]
         try:
             site = self.prog.sites[index]
+            self._close_blocks(frame, self._blocks_closed[index])
             self._allocate(frame, site.alloc)
             self._flush(frame, site.step)
             for s in site.release:
                 frame.store.pop(s, None)
             if site.kind == "release":
+                self._open_blocks(frame, site.open_blocks)
                 return 0
             args = []
             for kind, a in site.args:
@@ -240,6 +271,7 @@ class CBackward:
                 arr = self._checked(arr, v, frame.sizes, f"{site.kind} '{site.node.name}'")
                 frame.store[v.storage] = arr
                 results[j] = arr.ctypes.data
+            self._open_blocks(frame, site.open_blocks)
             return 0
         except BaseException as e:  # re-raised by __call__ once C has returned
             frame.error = e
@@ -304,15 +336,19 @@ class CBackward:
                 container[i] = None
         arrays = self._take_inputs(frame)
         plan = self._plan(frame.sizes)
-        frame.arena = np.empty(max(plan.size, 1), np.uint8)
-        if memory.active():
+        whole = self._whole_block
+        frame.arena = None if whole is None else np.empty(max(plan.block_sizes[whole], 1),
+                                                           np.uint8)
+        if frame.arena is not None and memory.active():
             memory.on_array(frame.arena, "c_arena", "temporary")
         # The C reads each array's data pointer from its object (runtime.cbuild);
-        # the outputs allocated at a callback are filled in there.
+        # the outputs and arena blocks allocated at a callback are filled in there.
         n_out = len(prog.out_storages)
         frame.outs = outs = [None] * n_out
-        frame.out_objs = out_objs = np.zeros(n_out, np.uintp)
+        frame.blocks = [None] * len(prog.windows)
+        frame.out_objs = out_objs = np.zeros(n_out + len(prog.windows), np.uintp)
         self._allocate(frame, self._outs_at_start)
+        self._open_blocks(frame, self._blocks_at_start)
         in_objs = np.fromiter(map(id, arrays), np.uintp, len(arrays))
         n_in = len(arrays)
         del arrays      # frame.store holds them, until their release callback
@@ -324,7 +360,8 @@ class CBackward:
         frames.append(frame)
         try:
             rc = self.fn(in_objs.ctypes.data if n_in else None,
-                         out_objs.ctypes.data if outs else None, frame.arena.ctypes.data,
+                         out_objs.ctypes.data if len(out_objs) else None,
+                         None if frame.arena is None else frame.arena.ctypes.data,
                          None if size_arr is None else size_arr.ctypes.data,
                          None if scalar_arr is None else scalar_arr.ctypes.data,
                          None if offsets is None else offsets.ctypes.data, self._callback)

@@ -394,12 +394,12 @@ def test_transformer_arena_plan_is_between_the_bounds():
 
 
 def _assert_no_overlap(buffers, plan):
-    assert len(plan.offsets) == len(buffers)
-    spans = [(o, o + n, f, l) for o, (n, f, l) in zip(plan.offsets, buffers)]
-    for i, (o1, e1, f1, l1) in enumerate(spans):
-        assert o1 % arena.ALIGN == 0 and e1 <= plan.size
-        for o2, e2, f2, l2 in spans[i + 1:]:
-            if f1 <= l2 and f2 <= l1 and e1 > o1 and e2 > o2:
+    assert len(plan.offsets) == len(buffers) == len(plan.blocks)
+    spans = [(o, o + n, f, l, b) for o, (n, f, l), b in zip(plan.offsets, buffers, plan.blocks)]
+    for i, (o1, e1, f1, l1, b1) in enumerate(spans):
+        assert o1 % arena.ALIGN == 0 and e1 <= plan.block_sizes[b1] <= plan.size
+        for o2, e2, f2, l2, b2 in spans[i + 1:]:
+            if b1 == b2 and f1 <= l2 and f2 <= l1 and e1 > o1 and e2 > o2:
                 assert e1 <= o2 or e2 <= o1, (spans, (o1, e1, f1, l1), (o2, e2, f2, l2))
 
 
@@ -414,3 +414,33 @@ def test_arena_plan_on_random_intervals():
         assert plan.size >= plan.lower_bound == arena.lower_bound(buffers)
         assert plan.size <= plan.total
         _assert_no_overlap(buffers, plan)
+
+
+def test_arena_blocks_hold_only_what_lives_across_each_callback():
+    """With callbacks (cuts), each buffer's block is allocated after the last
+    callback before its first write and freed at the first one after its last
+    read; so while Python runs a callback the C side holds exactly the buffers
+    live across it, whatever the rest of the backward needs."""
+    rng = random.Random(99)
+    for _ in range(300):
+        buffers = [(rng.choice([0, 8, 64, 100, rng.randint(1, 5000)]), first,
+                    first + rng.randint(0, 8))
+                   for first in (rng.randint(0, 30) for _ in range(rng.randint(0, 25)))]
+        cuts = sorted(rng.sample([x + 0.5 * rng.randint(0, 1) for x in range(32)],
+                                 rng.randint(0, 6)))
+        cuts = sorted(set(cuts))
+        plan = arena.plan(buffers, cuts)
+        _assert_no_overlap(buffers, plan)
+        assert plan.lower_bound <= plan.size <= plan.total
+        for (nbytes, first, last), b in zip(buffers, plan.blocks):
+            opened, closed = plan.windows[b]
+            assert opened == 0 or cuts[opened - 1] < first
+            assert closed == len(cuts) or last < cuts[closed]
+        for c, at in enumerate(cuts):
+            held = sum(n for (o, e), n in zip(plan.windows, plan.block_sizes) if o <= c < e)
+            live = sum(arena._align(n) for n, f, l in buffers if f <= at <= l)
+            assert held == live, (buffers, cuts, c)
+    # Without callbacks: one block, the arena of the whole call.
+    plan = arena.plan([(64, 0, 2), (64, 1, 3)])
+    assert plan.windows == [(0, 0)] and plan.blocks == [0, 0] and plan.size == 128
+
