@@ -181,16 +181,48 @@ def gelu(x, approximate="none"):
 @gelu.defvjp
 def _(ctx, g):
     (x,) = ctx.saved
-    if ctx.params.get("approximate", "none") == "tanh":
-        x2 = ops.mul(x, x)
+    return (ops.gelu_backward(g, x, approximate=ctx.params.get("approximate", "none")),)
+
+
+@prim("gelu_backward", meta=elementwise_meta, save=((0, 1), 1),
+      c_template="{{ a }} * ca_gelu_grad{{ '_tanh' if approximate == 'tanh' else '' }}({{ b }})")
+def gelu_backward(g, x, approximate="none"):
+    """torch's gelu_backward: g * gelu'(x). One prim, so that the C backend computes
+    the derivative in one helper that shares exp(-x^2/2) between erf and the density."""
+    x = np.asarray(x)
+    if approximate == "tanh":
+        x2 = x * x
+        t = np.tanh((x + x2 * x * 0.044715) * _SQRT_2_OVER_PI)
+        left_d = (t + 1.0) * 0.5
+        right_d = (x * 0.5 * (1.0 - t * t)) * ((x2 * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI)
+        return as_array(np.multiply(g, left_d + right_d))
+    cdf = (_erf(x * _INV_SQRT_2) + 1.0) * 0.5
+    pdf = np.exp(x * x * -0.5) * _INV_SQRT_2PI
+    return as_array(np.multiply(g, cdf + x * pdf))
+
+
+@gelu_backward.defvjp
+def _(ctx, gg):
+    # torch's gelu_double_backward. For "none", d/dx (cdf + x pdf) = pdf (2 - x^2); for
+    # "tanh", with t = tanh(k (x + c x^3)), inner' = k (1 + 3 c x^2):
+    # (1 - t^2) (inner' - x t inner'^2 + 3 c k x^2).
+    g, x = ctx.saved
+    approximate = ctx.params.get("approximate", "none")
+    d_g = (_unbroadcast(ctx, 0, ops.gelu_backward(gg, x, approximate=approximate))
+           if ctx.needs[0] else None)
+    if not ctx.needs[1]:
+        return d_g, None
+    x2 = ops.mul(x, x)
+    if approximate == "tanh":
         t = ops.tanh(ops.mul(ops.add(x, ops.mul(ops.mul(x2, x), 0.044715)), _SQRT_2_OVER_PI))
-        left_d = ops.mul(ops.add(t, 1.0), 0.5)
-        right_d = ops.mul(ops.mul(ops.mul(x, 0.5), ops.sub(1.0, ops.mul(t, t))),
-                          ops.mul(ops.add(ops.mul(x2, 3 * 0.044715), 1.0), _SQRT_2_OVER_PI))
-        return (ops.mul(g, ops.add(left_d, right_d)),)
-    cdf = ops.mul(ops.add(ops.erf(ops.mul(x, _INV_SQRT_2)), 1.0), 0.5)
-    pdf = ops.mul(ops.exp(ops.mul(ops.mul(x, x), -0.5)), _INV_SQRT_2PI)
-    return (ops.mul(g, ops.add(cdf, ops.mul(x, pdf))),)
+        inner_d = ops.mul(ops.add(ops.mul(x2, 3 * 0.044715), 1.0), _SQRT_2_OVER_PI)
+        curve = ops.add(ops.sub(inner_d, ops.mul(ops.mul(x, t), ops.mul(inner_d, inner_d))),
+                        ops.mul(x2, 3 * 0.044715 * _SQRT_2_OVER_PI))
+        second = ops.mul(ops.sub(1.0, ops.mul(t, t)), curve)
+    else:
+        pdf = ops.mul(ops.exp(ops.mul(x2, -0.5)), _INV_SQRT_2PI)
+        second = ops.mul(pdf, ops.sub(2.0, x2))
+    return d_g, _unbroadcast(ctx, 1, ops.mul(ops.mul(gg, g), second))
 
 
 # ---------------------------------------------------------------- binary

@@ -100,6 +100,7 @@ CASES = [
     ("cos", lambda m, x: x.cos(), [(3,)]),
     ("tanh", lambda m, x: x.tanh(), [(2, 3)]),
     ("sigmoid", lambda m, x: x.sigmoid(), [(2, 3)]),
+    ("erf", lambda m, x: x.erf(), [(2, 3)]),
     ("relu", lambda m, x: x.relu(), [("away", (3, 4))]),
     ("gelu", lambda m, x: F(m).gelu(x), [(3, 4)]),
     ("gelu_tanh", lambda m, x: F(m).gelu(x, approximate="tanh"), [(3, 4)]),

@@ -1,5 +1,6 @@
 """create_graph=True: the backward records a differentiable graph (second derivatives)."""
 import numpy as np
+import pytest
 
 import compiled_autograd as ca
 from helpers import assert_close, needs_torch, torch
@@ -35,6 +36,34 @@ def test_cube_and_tanh_match_torch():
         theirs = _second_derivative(torch, fn, X0.astype(np.float32))
         for a, b in zip(ours, theirs):
             assert_close(a, b)
+
+
+def _gelu(m, approximate):
+    return lambda x: m.nn.functional.gelu(x, approximate=approximate)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_second_derivative_central_differences(approximate):
+    # gelu's derivative is its own prim (gelu_backward), with its own derivative.
+    def derivatives(x0):
+        x = ca.tensor(x0, dtype=np.float64, requires_grad=True)
+        (g,) = ca.autograd.grad(ca.nn.functional.gelu(x, approximate=approximate).sum(), [x],
+                                create_graph=True)
+        (gg,) = ca.autograd.grad(g.sum(), [x])
+        return g.detach().numpy(), gg.numpy()
+
+    x0, h = np.linspace(-4.0, 4.0, 17), 1e-6
+    first_right, first_left = derivatives(x0 + h)[0], derivatives(x0 - h)[0]
+    assert_close(derivatives(x0)[1], (first_right - first_left) / (2 * h), rtol=1e-6, atol=1e-8)
+
+
+@needs_torch
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_second_derivative_matches_torch(approximate):
+    ours = _second_derivative(ca, _gelu(ca, approximate), X0.astype(np.float32))
+    theirs = _second_derivative(torch, _gelu(torch, approximate), X0.astype(np.float32))
+    for a, b in zip(ours, theirs):
+        assert_close(a, b)
 
 
 def _grad_norm_penalty(m, arrays, act):

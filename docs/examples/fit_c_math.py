@@ -31,13 +31,15 @@ def main():
     t = t[t > 1e-6]
     erf_small = fit(t, np.array([math.erf(v) for v in t]) / t - 1, lambda v: v * v, 5,
                     np.ones_like(t))
-    # erf(t) = 1 - exp(Q(t) - t^2) on [1, 4]; weight: erfc (the absolute error of erf).
+    # erfc(t) = exp(-t^2) R(t) on [1, 4], R a polynomial in v = (t - 2.5) / 1.5;
+    # weight: relative error of R. The same R serves erf (1 - erfc) and GELU's
+    # derivative, which shares exp(-t^2) with the normal density.
     t = chebyshev(1, 4)
-    erfc = np.array([math.erfc(v) for v in t])
-    erf_large = fit(t, np.log(erfc) + t * t, lambda v: v, 8, erfc)
+    scaled = np.array([math.erfc(v) * math.exp(v * v) for v in t])
+    erfc_r = fit(t, scaled, lambda v: (v - 2.5) / 1.5, 10, 1 / scaled)
     for name, c in (("exp P(r)", exp_p), ("erf P(t^2), t < 1", erf_small),
-                    ("erf Q(t), 1 <= t <= 4", erf_large)):
-        print(f"{name:<22}" + ", ".join(f"{np.float32(v):.9e}" for v in c))
+                    ("erfc R(v), 1 <= t <= 4", erfc_r)):
+        print(f"{name:<24}" + ", ".join(f"{np.float32(v):.9e}" for v in c))
 
 
 if __name__ == "__main__":
