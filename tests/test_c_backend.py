@@ -190,6 +190,18 @@ def test_extra_flags_are_part_of_the_library_name(cache, monkeypatch):
     assert cbuild.library_path("int f(void) { return 1; }") != plain
 
 
+
+def test_native_flags_follow_the_cpu(monkeypatch):
+    monkeypatch.setattr(cbuild, "cpu_identity", lambda: "Some Xeon|fpu sse2 avx2 avx512f fma")
+    assert cbuild.arch_flags() == ["-march=native", "-mprefer-vector-width=512"]
+    monkeypatch.setattr(cbuild, "cpu_identity", lambda: "Some Core|fpu sse2 avx2 fma")
+    assert cbuild.arch_flags() == ["-march=native"]
+    monkeypatch.setenv("CA_C_NATIVE", "0")
+    assert cbuild.arch_flags() == []
+    monkeypatch.setattr(cbuild, "cpu_identity", lambda: None)
+    monkeypatch.delenv("CA_C_NATIVE")
+    assert cbuild.arch_flags() == []
+
 @needs_cc
 def test_two_processes_building_the_same_source_at_once(cache, tmp_path):
     # A compiler that takes a while: both processes find no library and compile.
