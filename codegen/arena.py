@@ -70,45 +70,64 @@ def lower_bound(buffers) -> int:
     return best
 
 
-def plan(buffers, cuts=()) -> ArenaPlan:
+def plan(buffers, cuts=(), fill=True) -> ArenaPlan:
     """Blocks and offsets for ``buffers`` (a list of (nbytes, first, last)), with
-    callbacks at the sorted steps ``cuts``."""
+    callbacks at the sorted steps ``cuts``.
+
+    A buffer that lives across a callback goes to the block of its window. One that
+    lives between two callbacks, with ``fill``, first looks for a gap in a block
+    that is held there anyway (one whose window contains its own), and only then
+    gets a block of its own: so buffers between two callbacks share bytes with the
+    blocks around them, as they would in one arena. Which block a buffer lands in
+    then depends on the sizes: a graph with symbolic sizes is planned without
+    ``fill``, so that its blocks, which the C is compiled for, are the same for
+    every size."""
     cuts = list(cuts)
-    windows = sorted({window(f, l, cuts) for _, f, l in buffers}) or [(0, len(cuts))]
+    wins = [window(f, l, cuts) for _, f, l in buffers]
+    order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
+    placed: dict = {}                 # window -> [(offset, end, first, last)]
+    where = [None] * len(buffers)     # (window, offset)
+    for i in order:                   # buffers live across a callback
+        if wins[i][0] < wins[i][1]:
+            where[i] = (wins[i], _place(placed.setdefault(wins[i], []), buffers[i]))
+    for i in order:                   # buffers between two callbacks
+        if wins[i][0] == wins[i][1]:
+            k = wins[i][0]
+            around = [w for w in placed if w[0] <= k <= w[1] and w[0] < w[1]] if fill else []
+            fits = [(w, _place(placed[w], buffers[i], grow=False)) for w in around]
+            fits = [(w, o) for w, o in fits if o is not None]
+            if fits:
+                where[i] = fits[0]
+            else:
+                where[i] = (wins[i], _place(placed.setdefault(wins[i], []), buffers[i]))
+    windows = sorted(placed) or [(0, len(cuts))]
     index = {w: k for k, w in enumerate(windows)}
-    blocks = [index[window(f, l, cuts)] for _, f, l in buffers]
-    offsets, block_sizes = [0] * len(buffers), []
-    for k in range(len(windows)):
-        members = [i for i, b in enumerate(blocks) if b == k]
-        member_offsets, size = _best_fit([buffers[i] for i in members])
-        for i, o in zip(members, member_offsets):
-            offsets[i] = o
-        block_sizes.append(size)
+    block_sizes = [max((e for _, e, _, _ in placed.get(w, ())), default=0) for w in windows]
     held = [sum(n for (o, c), n in zip(windows, block_sizes) if o <= i <= c)
             for i in range(len(cuts) + 1)]
-    return ArenaPlan(offsets, max(held), lower_bound(buffers),
-                     sum(_align(b[0]) for b in buffers), blocks, windows, block_sizes)
+    return ArenaPlan([o for _, o in where], max(held), lower_bound(buffers),
+                     sum(_align(b[0]) for b in buffers), [index[w] for w, _ in where],
+                     windows, block_sizes)
 
 
-def _best_fit(buffers):
-    """(offsets, size) of ``buffers`` packed in one block."""
-    order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
-    placed: list[tuple[int, int, int, int]] = []   # (offset, end, first, last)
-    offsets = [0] * len(buffers)
-    size = 0
-    for i in order:
-        nbytes, first, last = buffers[i]
-        need = _align(nbytes)
-        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
-        # best fit: the smallest gap between busy blocks that holds the buffer,
-        # else the end of the highest busy block
-        gaps, cursor = [], 0
-        for o, e in busy:
-            if o - cursor >= need:
-                gaps.append((o - cursor, cursor))
-            cursor = max(cursor, e)
-        offset = min(gaps)[1] if gaps else cursor
-        offsets[i] = offset
-        placed.append((offset, offset + need, first, last))
-        size = max(size, offset + need)
-    return offsets, size
+def _place(placed, buffer, grow=True):
+    """Best fit: the offset of the smallest gap between the buffers in ``placed``
+    live at the same time as ``buffer`` that holds it, else (if ``grow``) the end
+    of the highest of them; records the buffer there. None if it does not fit."""
+    nbytes, first, last = buffer
+    need = _align(nbytes)
+    busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+    gaps, cursor = [], 0
+    for o, e in busy:
+        if o - cursor >= need:
+            gaps.append((o - cursor, cursor))
+        cursor = max(cursor, e)
+    size = max((e for _, e, _, _ in placed), default=0)
+    if gaps:
+        offset = min(gaps)[1]
+    elif grow or cursor + need <= size:
+        offset = cursor
+    else:
+        return None
+    placed.append((offset, offset + need, first, last))
+    return offset

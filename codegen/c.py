@@ -476,7 +476,7 @@ class Emitter:
         assert len(set(prog.cuts)) == len(prog.cuts), "two callbacks at one step"
         buffers = [(s.nbytes if not prog.dynamic else 0, s.first, s.last)
                    for s in prog.arena_storages]
-        plan = arena_plan.plan(buffers, prog.cuts)
+        plan = arena_plan.plan(buffers, prog.cuts, fill=not prog.dynamic)
         prog.plan = None if prog.dynamic else plan
         prog.blocks, prog.windows = plan.blocks, plan.windows
         late = set()

@@ -102,10 +102,10 @@ class CBackward:
         # that closes it.
         whole = (0, len(prog.cuts))
         self._whole_block = prog.windows.index(whole) if whole in prog.windows else None
-        cut_of = {site.step: c for c, site in enumerate(sorted(prog.sites, key=lambda t: t.step))}
+        cut_of = {step: c for c, step in enumerate(prog.cuts)}
         self._blocks_at_start = [k for k, w in enumerate(prog.windows) if w[0] == 0 and w != whole]
         self._blocks_closed = {site.index: [k for k, w in enumerate(prog.windows)
-                                            if w[1] == cut_of[site.step] and w != whole]
+                                            if w[1] == cut_of.get(site.step) and w != whole]
                                for site in prog.sites}
         self._pyrefs = [(node, box, i, box not in ("sizes", "scalars"))
                         for node, (box, i) in prog.pyrefs.items()]
@@ -201,9 +201,13 @@ class CBackward:
         key = tuple(sizes)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = arena_plan.plan(
+            plan = arena_plan.plan(
                 [(value_of(s.nbytes, sizes), s.first, s.last) for s in self.prog.arena_storages],
-                self.prog.cuts)
+                self.prog.cuts, fill=False)
+            # the C reads each buffer from the block it was compiled for
+            if plan.blocks != self.prog.blocks or plan.windows != self.prog.windows:
+                raise AssertionError("compiled C backward: the arena blocks depend on sizes")
+            self._plans[key] = plan
         return plan
 
     def _open_blocks(self, frame, blocks):

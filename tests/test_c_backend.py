@@ -452,6 +452,12 @@ def test_arena_blocks_hold_only_what_lives_across_each_callback():
             held = sum(n for (o, e), n in zip(plan.windows, plan.block_sizes) if o <= c < e)
             live = sum(arena._align(n) for n, f, l in buffers if f <= at <= l)
             assert held == live, (buffers, cuts, c)
+        # Without filling gaps (symbolic sizes), the blocks do not depend on sizes.
+        fixed = arena.plan(buffers, cuts, fill=False)
+        resized = arena.plan([(rng.randint(0, 5000), f, l) for _, f, l in buffers], cuts,
+                             fill=False)
+        assert (fixed.blocks, fixed.windows) == (resized.blocks, resized.windows)
+        _assert_no_overlap(buffers, fixed)
     # Without callbacks: one block, the arena of the whole call.
     plan = arena.plan([(64, 0, 2), (64, 1, 3)])
     assert plan.windows == [(0, 0)] and plan.blocks == [0, 0] and plan.size == 128
