@@ -3,9 +3,10 @@ against the whole compiled backward (the rest: the cache lookup's walk and the
 call), with the call in C (codegen/c_call.c, the default) and in Python
 (``CA_C_CALL=0``), on the small MLP, the 200-op chain and the transformer, and one
 256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch,
-and GELU's backward loop over one transformer layer's 512x512 activations with
-libm's scalar erff/expf against the backend's vectorisable ca_erff/ca_expf, built
-with the backend's own flags.
+and GELU's backward loop over one transformer layer's 512x512 activations three
+ways: libm's scalar erff/expf, the backend's vectorisable ca_erff/ca_expf, and the
+one helper the backend generates for the gelu_backward prim (ca_gelu_grad_f: one
+exp shared by erf's tail and the density), built with the backend's own flags.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
@@ -114,11 +115,17 @@ void gelu_ca(float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     g[i] *= (ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f;
 }
+void gelu_fused(float *g, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    g[i] *= ca_gelu_grad_f(x[i]);
+}
 """
+GELU_NAMES = {"libm": "libm erff+expf", "ca": "ca_erff+ca_expf",
+              "fused": "ca_gelu_grad (generated)"}
 
 
 def gelu_loops(reps):
-    """Medians of the two GELU-backward loops over 262,144 floats."""
+    """Medians of the three GELU-backward loops over 262,144 floats."""
     import numpy as np
     from codegen.c import _ENV
     from runtime import cbuild
@@ -127,12 +134,12 @@ def gelu_loops(reps):
     x = np.random.default_rng(0).standard_normal(512 * 512).astype(np.float32) * 3
     g = np.ones_like(x)
     row = {}
-    for name in ("libm", "ca"):
+    for name in GELU_NAMES:
         f = getattr(lib, f"gelu_{name}")
         f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         call = lambda: f(g.ctypes.data, x.ctypes.data, x.size)  # noqa: E731
         call()
-        row[name] = median_time(call, reps)
+        row[GELU_NAMES[name]] = median_time(call, reps)
     return row
 
 
