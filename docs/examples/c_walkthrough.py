@@ -45,19 +45,21 @@ def callbacks():
 
 
 def run():
-    for backend in ("python", "c"):
-        ex = build("transformer", checkpoint="layer")
-        loss = ex.loss()
-        with ca.memory.profile(tracemalloc_witness=False) as prof:
-            with ca.compiled_backward(backend=backend):
-                loss.backward()
-        grads = [p.grad.numpy() for p in ex.parameters()]
-        if backend == "python":
-            reference = grads
-        diff = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-                   for a, b in zip(grads, reference))
-        print(f"{backend:<7} backward peak {prof.peak_bytes:>12,} B   "
-              f"max |diff| / max |grad| vs python {diff:.1e}")
+    for how in (dict(checkpoint="layer"), dict(checkpoint="sqrt"), dict(offload=True)):
+        print("transformer,", ", ".join(f"{k}={v}" for k, v in how.items()))
+        for backend in ("python", "c"):
+            ex = build("transformer", **how)
+            loss = ex.loss()
+            with ca.memory.profile(tracemalloc_witness=False) as prof:
+                with ca.compiled_backward(backend=backend):
+                    loss.backward()
+            grads = [p.grad.numpy() for p in ex.parameters()]
+            if backend == "python":
+                reference = grads
+            diff = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                       for a, b in zip(grads, reference))
+            print(f"  {backend:<7} backward peak {prof.peak_bytes:>12,} B   "
+                  f"max |diff| / max |grad| vs python {diff:.1e}")
 
 
 def parts():
