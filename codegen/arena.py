@@ -37,7 +37,7 @@ class ArenaPlan:
     size: int              # the most block bytes held at once
     lower_bound: int       # max over steps of live (aligned) bytes
     total: int             # sum of all buffers (what no reuse would need)
-    blocks: list           # per buffer: the index of its block
+    block_of: list         # per buffer: the index of its block
     windows: list          # per block: (open, close), see ``window``
     block_sizes: list      # per block: bytes
 
@@ -87,19 +87,26 @@ def plan(buffers, cuts=(), fill=True) -> ArenaPlan:
     order = sorted(range(len(buffers)), key=lambda i: (-buffers[i][0], buffers[i][1]))
     placed: dict = {}                 # window -> [(offset, end, first, last)]
     where = [None] * len(buffers)     # (window, offset)
+
+    def put(i, w, offset):
+        need = _align(buffers[i][0])
+        placed.setdefault(w, []).append((offset, offset + need, buffers[i][1], buffers[i][2]))
+        where[i] = (w, offset)
+
     for i in order:                   # buffers live across a callback
         if wins[i][0] < wins[i][1]:
-            where[i] = (wins[i], _place(placed.setdefault(wins[i], []), buffers[i]))
+            put(i, wins[i], _fit(placed.get(wins[i], []), buffers[i])[1])
     for i in order:                   # buffers between two callbacks
         if wins[i][0] == wins[i][1]:
             k = wins[i][0]
             around = [w for w in placed if w[0] <= k <= w[1] and w[0] < w[1]] if fill else []
-            fits = [(w, _place(placed[w], buffers[i], grow=False)) for w in around]
-            fits = [(w, o) for w, o in fits if o is not None]
+            fits = [(_fit(placed[w], buffers[i], grow=False), w) for w in around]
+            fits = [(gap, offset, w) for (gap, offset), w in fits if offset is not None]
             if fits:
-                where[i] = fits[0]
+                _, offset, w = min(fits)       # the smallest gap
+                put(i, w, offset)
             else:
-                where[i] = (wins[i], _place(placed.setdefault(wins[i], []), buffers[i]))
+                put(i, wins[i], _fit(placed.get(wins[i], []), buffers[i])[1])
     windows = sorted(placed) or [(0, len(cuts))]
     index = {w: k for k, w in enumerate(windows)}
     block_sizes = [max((e for _, e, _, _ in placed.get(w, ())), default=0) for w in windows]
@@ -110,10 +117,11 @@ def plan(buffers, cuts=(), fill=True) -> ArenaPlan:
                      windows, block_sizes)
 
 
-def _place(placed, buffer, grow=True):
-    """Best fit: the offset of the smallest gap between the buffers in ``placed``
-    live at the same time as ``buffer`` that holds it, else (if ``grow``) the end
-    of the highest of them; records the buffer there. None if it does not fit."""
+def _fit(placed, buffer, grow=True):
+    """Best fit in one block: (gap, offset) of the smallest gap between the buffers
+    in ``placed`` live at the same time as ``buffer`` that holds it, else the end of
+    the highest of them (gap: what is left above the block's size, or 0 if it
+    grows; offset None if it would grow and ``grow`` is false)."""
     nbytes, first, last = buffer
     need = _align(nbytes)
     busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
@@ -122,12 +130,9 @@ def _place(placed, buffer, grow=True):
         if o - cursor >= need:
             gaps.append((o - cursor, cursor))
         cursor = max(cursor, e)
-    size = max((e for _, e, _, _ in placed), default=0)
     if gaps:
-        offset = min(gaps)[1]
-    elif grow or cursor + need <= size:
-        offset = cursor
-    else:
-        return None
-    placed.append((offset, offset + need, first, last))
-    return offset
+        return min(gaps)
+    size = max((e for _, e, _, _ in placed), default=0)
+    if cursor + need <= size:
+        return size - cursor, cursor
+    return (0, cursor) if grow else (0, None)

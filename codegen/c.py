@@ -98,6 +98,7 @@ class Site:
         self.release = list(release)  # storages Python drops before running it
         self.alloc: list = []         # "out" storages Python allocates at this callback
         self.open_blocks: list = []   # arena blocks Python allocates at its end
+        self.close_blocks: list = []  # arena blocks Python drops at its start
 
 
 class CProgram:
@@ -116,8 +117,9 @@ class CProgram:
         self.ext_storages: list = []
         self.plan = None              # the arena plan (None if it depends on sizes)
         self.cuts: list = []          # the callbacks' steps, sorted
-        self.blocks: list = []        # per arena storage: its block (see codegen.arena)
+        self.block_of: list = []      # per arena storage: its block (see codegen.arena)
         self.windows: list = []       # per block: (open, close) callback ordinals
+        self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
 
@@ -478,17 +480,22 @@ class Emitter:
                    for s in prog.arena_storages]
         plan = arena_plan.plan(buffers, prog.cuts, fill=not prog.dynamic)
         prog.plan = None if prog.dynamic else plan
-        prog.blocks, prog.windows = plan.blocks, plan.windows
+        prog.block_of, prog.windows = plan.block_of, plan.windows
+        whole = (0, len(prog.cuts))
+        prog.call_block = prog.windows.index(whole) if whole in prog.windows else None
+        sites = sorted(prog.sites, key=lambda site: site.step)
+        for k, (opened, closed) in enumerate(prog.windows):
+            if k != prog.call_block:
+                if opened > 0:
+                    sites[opened - 1].open_blocks.append(k)
+                if closed < len(sites):
+                    sites[closed].close_blocks.append(k)
         late = set()
-        by_step = {site.step: site for site in prog.sites}
         for i, s in enumerate(prog.arena_storages):
-            opened = prog.windows[prog.blocks[i]][0]
+            opened = prog.windows[prog.block_of[i]][0]
             if opened > 0:
                 late.add(s)
                 self.stmts.append((prog.cuts[opened - 1], "", f"{s.name} = {self._arena_pointer(s)};"))
-        for k, (opened, _) in enumerate(prog.windows):
-            if opened > 0:
-                by_step[prog.cuts[opened - 1]].open_blocks.append(k)
         return late
 
     def _arena_pointer(self, s):
@@ -497,9 +504,8 @@ class Emitter:
         Python allocated, read from ``out[]`` after the output arrays."""
         prog = self.prog
         i = prog.arena_index[s]
-        k = prog.blocks[i]
-        base = ("arena" if prog.windows[k] == (0, len(prog.cuts))
-                else f"CA_DATA(out[{len(prog.out_storages) + k}])")
+        k = prog.block_of[i]
+        base = "arena" if k == prog.call_block else f"CA_DATA(out[{len(prog.out_storages) + k}])"
         offset = f"offsets[{i}]" if prog.dynamic else str(prog.plan.offsets[i])
         return f"({ctype(s.dtype)} *)({base} + {offset})"
 

@@ -5,9 +5,10 @@
 ``fn(inputs, sizes, scalars, hooks, packed_data)``. A call takes the input arrays
 out of the boxed list (C-contiguous, checked against the traced shapes), allocates
 the arena and the output arrays, and calls ``ca_backward``. At each callback site
-Python first does the deferred work the order requires -- gradient accumulations
-that come before the site, and dropping the arrays whose last use has passed --
-then runs the hook and hands C a pointer to each array it returned.
+Python first does the deferred work the order requires -- dropping the arena
+blocks and arrays whose last use has passed, gradient accumulations that come
+before the site -- then runs the hook, hands C a pointer to each array it
+returned, and allocates the arena blocks opened there (codegen/arena.py).
 
 A program without callbacks (no hooks, nothing released early), with a static
 memory plan and whole output arrays as its gradients -- the common case -- is
@@ -46,7 +47,7 @@ _P = ctypes.c_void_p
 
 
 class _Frame:
-    __slots__ = ("py", "store", "arena", "blocks", "outs", "out_objs", "sizes", "error",
+    __slots__ = ("py", "store", "arena", "arena_blocks", "outs", "out_objs", "sizes", "error",
                  "flushed")
 
 
@@ -96,17 +97,12 @@ class CBackward:
                             for s in prog.out_storages]
         late = {s for site in prog.sites for s in site.alloc}
         self._outs_at_start = [s for s in prog.out_storages if s not in late]
-        # Arena blocks (codegen.arena): the one live for the whole call is the
-        # `arena` argument; every other is allocated at the start or at the end of
-        # the callback that opens its window, and dropped at the start of the one
-        # that closes it.
-        whole = (0, len(prog.cuts))
-        self._whole_block = prog.windows.index(whole) if whole in prog.windows else None
-        cut_of = {step: c for c, step in enumerate(prog.cuts)}
-        self._blocks_at_start = [k for k, w in enumerate(prog.windows) if w[0] == 0 and w != whole]
-        self._blocks_closed = {site.index: [k for k, w in enumerate(prog.windows)
-                                            if w[1] == cut_of.get(site.step) and w != whole]
-                               for site in prog.sites}
+        # Arena blocks (codegen.arena): the one held for the whole call is the
+        # `arena` argument; every other is allocated at the start of the call or at
+        # the end of the callback that opens it (site.open_blocks), and dropped at
+        # the start of the callback that closes it (site.close_blocks).
+        self._blocks_at_start = [k for k, (opened, _) in enumerate(prog.windows)
+                                 if opened == 0 and k != prog.call_block]
         self._pyrefs = [(node, box, i, box not in ("sizes", "scalars"))
                         for node, (box, i) in prog.pyrefs.items()]
         self._plans: dict = {}
@@ -178,8 +174,8 @@ class CBackward:
         kind = storage.kind
         if kind == "arena":
             i = self.prog.arena_index[storage]
-            k = self.prog.blocks[i]
-            block = frame.arena if k == self._whole_block else frame.blocks[k]
+            k = self.prog.block_of[i]
+            block = frame.arena if k == self.prog.call_block else frame.arena_blocks[k]
             return block[self._plan(frame.sizes).offsets[i]:]
         if kind == "out":
             return frame.outs[storage.index]
@@ -205,7 +201,7 @@ class CBackward:
                 [(value_of(s.nbytes, sizes), s.first, s.last) for s in self.prog.arena_storages],
                 self.prog.cuts, fill=False)
             # the C reads each buffer from the block it was compiled for
-            if plan.blocks != self.prog.blocks or plan.windows != self.prog.windows:
+            if plan.block_of != self.prog.block_of or plan.windows != self.prog.windows:
                 raise AssertionError("compiled C backward: the arena blocks depend on sizes")
             self._plans[key] = plan
         return plan
@@ -218,13 +214,13 @@ class CBackward:
             arr = np.empty(max(sizes[k], 1), np.uint8)
             if memory.active():
                 memory.on_array(arr, "c_arena", "temporary")
-            frame.blocks[k] = arr
+            frame.arena_blocks[k] = arr
             frame.out_objs[n_out + k] = id(arr)
 
     def _close_blocks(self, frame, blocks):
         n_out = len(self.prog.out_storages)
         for k in blocks:
-            frame.blocks[k] = None
+            frame.arena_blocks[k] = None
             frame.out_objs[n_out + k] = 0
 
     # ------------------------------------------------------------ deferred work
@@ -253,7 +249,7 @@ class CBackward:
         frame = self._threads.frames[-1]
         try:
             site = self.prog.sites[index]
-            self._close_blocks(frame, self._blocks_closed[index])
+            self._close_blocks(frame, site.close_blocks)
             self._allocate(frame, site.alloc)
             self._flush(frame, site.step)
             for s in site.release:
@@ -340,16 +336,16 @@ class CBackward:
                 container[i] = None
         arrays = self._take_inputs(frame)
         plan = self._plan(frame.sizes)
-        whole = self._whole_block
-        frame.arena = None if whole is None else np.empty(max(plan.block_sizes[whole], 1),
-                                                           np.uint8)
+        call_block = prog.call_block
+        frame.arena = (None if call_block is None
+                       else np.empty(max(plan.block_sizes[call_block], 1), np.uint8))
         if frame.arena is not None and memory.active():
             memory.on_array(frame.arena, "c_arena", "temporary")
         # The C reads each array's data pointer from its object (runtime.cbuild);
         # the outputs and arena blocks allocated at a callback are filled in there.
         n_out = len(prog.out_storages)
         frame.outs = outs = [None] * n_out
-        frame.blocks = [None] * len(prog.windows)
+        frame.arena_blocks = [None] * len(prog.windows)
         frame.out_objs = out_objs = np.zeros(n_out + len(prog.windows), np.uintp)
         self._allocate(frame, self._outs_at_start)
         self._open_blocks(frame, self._blocks_at_start)

@@ -110,8 +110,10 @@ class CompiledBackward:
 
     def c_memory_plan(self):
         """The C backend's static arena plan for this graph (no compiler needed):
-        ``.size`` (arena bytes), ``.lower_bound`` (most bytes live at one step),
-        ``.total`` (all buffers without reuse), ``.offsets``, ``.summary()``."""
+        ``.size`` (the most arena bytes held at once), ``.lower_bound`` (most bytes
+        live at one step), ``.total`` (all buffers without reuse), ``.offsets`` (in
+        each buffer's block), ``.block_of``, ``.windows`` and ``.block_sizes`` (one
+        block without callbacks; see codegen/arena.py), ``.summary()``."""
         plan = getattr(self.fn, "memory_plan", None)
         return plan if plan is not None else resolve_backend("c")(self.graph, build=False).memory_plan
 

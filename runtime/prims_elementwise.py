@@ -185,7 +185,8 @@ def _(ctx, g):
 
 
 @prim("gelu_backward", meta=elementwise_meta, save=((0, 1), 1),
-      c_template="{{ a }} * ca_gelu_grad{{ '_tanh' if approximate == 'tanh' else '' }}({{ b }})")
+      c_template="{{ a }} * ca_gelu_grad{{ '_tanh' if approximate is defined and "
+                 "approximate == 'tanh' else '' }}({{ b }})")
 def gelu_backward(g, x, approximate="none"):
     """torch's gelu_backward: g * gelu'(x). One prim, so that the C backend computes
     the derivative in one helper that shares exp(-x^2/2) between erf and the density."""

@@ -190,8 +190,8 @@ def test_extra_flags_are_part_of_the_library_name(cache, monkeypatch):
     assert cbuild.library_path("int f(void) { return 1; }") != plain
 
 
-
 def test_native_flags_follow_the_cpu(monkeypatch):
+    monkeypatch.delenv("CA_C_NATIVE", raising=False)
     monkeypatch.setattr(cbuild, "cpu_identity", lambda: "Some Xeon|fpu sse2 avx2 avx512f fma")
     assert cbuild.arch_flags() == ["-march=native", "-mprefer-vector-width=512"]
     monkeypatch.setattr(cbuild, "cpu_identity", lambda: "Some Core|fpu sse2 avx2 fma")
@@ -201,6 +201,7 @@ def test_native_flags_follow_the_cpu(monkeypatch):
     monkeypatch.setattr(cbuild, "cpu_identity", lambda: None)
     monkeypatch.delenv("CA_C_NATIVE")
     assert cbuild.arch_flags() == []
+
 
 @needs_cc
 def test_two_processes_building_the_same_source_at_once(cache, tmp_path):
@@ -406,8 +407,8 @@ def test_transformer_arena_plan_is_between_the_bounds():
 
 
 def _assert_no_overlap(buffers, plan):
-    assert len(plan.offsets) == len(buffers) == len(plan.blocks)
-    spans = [(o, o + n, f, l, b) for o, (n, f, l), b in zip(plan.offsets, buffers, plan.blocks)]
+    assert len(plan.offsets) == len(buffers) == len(plan.block_of)
+    spans = [(o, o + n, f, l, b) for o, (n, f, l), b in zip(plan.offsets, buffers, plan.block_of)]
     for i, (o1, e1, f1, l1, b1) in enumerate(spans):
         assert o1 % arena.ALIGN == 0 and e1 <= plan.block_sizes[b1] <= plan.size
         for o2, e2, f2, l2, b2 in spans[i + 1:]:
@@ -444,7 +445,7 @@ def test_arena_blocks_hold_only_what_lives_across_each_callback():
         plan = arena.plan(buffers, cuts)
         _assert_no_overlap(buffers, plan)
         assert plan.lower_bound <= plan.size <= plan.total
-        for (nbytes, first, last), b in zip(buffers, plan.blocks):
+        for (nbytes, first, last), b in zip(buffers, plan.block_of):
             opened, closed = plan.windows[b]
             assert opened == 0 or cuts[opened - 1] < first
             assert closed == len(cuts) or last < cuts[closed]
@@ -456,9 +457,14 @@ def test_arena_blocks_hold_only_what_lives_across_each_callback():
         fixed = arena.plan(buffers, cuts, fill=False)
         resized = arena.plan([(rng.randint(0, 5000), f, l) for _, f, l in buffers], cuts,
                              fill=False)
-        assert (fixed.blocks, fixed.windows) == (resized.blocks, resized.windows)
+        assert (fixed.block_of, fixed.windows) == (resized.block_of, resized.windows)
         _assert_no_overlap(buffers, fixed)
+    # A buffer between two callbacks goes to the block whose gap fits it best,
+    # and takes room in that one only (the 400 bytes fit block (1, 2) at 0).
+    plan = arena.plan([(1000, 5, 11), (1000, 15, 25), (600, 12, 13), (400, 12, 13)], [10, 20])
+    assert plan.windows == [(0, 1), (1, 2)] and plan.block_sizes == [1024, 1024]
+    assert plan.block_of == [0, 1, 0, 1] and plan.size == 2048
     # Without callbacks: one block, the arena of the whole call.
     plan = arena.plan([(64, 0, 2), (64, 1, 3)])
-    assert plan.windows == [(0, 0)] and plan.blocks == [0, 0] and plan.size == 128
+    assert plan.windows == [(0, 0)] and plan.block_of == [0, 0] and plan.size == 128
 
