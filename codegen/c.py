@@ -10,8 +10,8 @@ C expression in its prim-table entry; the others name a template file):
   (or a sum/amax reading it) is *fused*: its expression is inlined into the user's
   loop, so it never touches memory;
 - every other value gets a buffer: in the arena (offsets from ``arena.plan`` over the
-  buffers' live ranges), or, for a gradient handed to ``.grad`` or a returned value,
-  an array Python allocates;
+  buffers' live ranges; ``c_memory`` places them), or, for a gradient handed to
+  ``.grad`` or a returned value, an array Python allocates;
 - a ``call_hook`` node is a *callback site*: the C code calls back into Python
   (``runner``) at its place in the order, so an unpack hook recomputes or reloads
   exactly when the backward reaches it. The array it returns is used in place and
@@ -26,7 +26,7 @@ import re
 import jinja2
 import numpy as np
 
-from codegen import arena as arena_plan
+from codegen import c_memory
 from codegen.c_layout import (Storage, Val, add, broadcast_strides, c_expr, ctype, dim, expanded,
                               mul, permuted, reshaped, sliced)
 from codegen.python import _comment
@@ -406,109 +406,6 @@ class Emitter:
 
     # ------------------------------------------------------------ the function
 
-    def _reuse_dying_inputs(self):
-        """An elementwise loop may write its result over an arena input that dies
-        in that loop, when it reads every element of that input exactly where it
-        writes the same element of the result (out[i] = f(a[i], ...)). The two
-        buffers become one, which lowers the arena (the planner never has to hold
-        both). Only when that loop is the node's only statement: a node that first
-        fills its result (slice_backward's zeros, as_strided_scatter's base copy)
-        would otherwise overwrite the input before the loop reads it."""
-        alias: dict = {}
-        per_step: dict = {}
-        for s, _, _ in self.stmts:
-            per_step[s] = per_step.get(s, 0) + 1
-
-        def root(st):
-            while st in alias:
-                st = alias[st]
-            return st
-
-        for step, out, leaves in self.inplace:
-            b = out.storage
-            if b.kind != "arena" or b.first != step or b in alias or per_step.get(step) != 1:
-                continue
-            for offset, strides, a in leaves:
-                a = root(a)
-                if (a is b or a.kind != "arena" or a.last != step or a.dtype != b.dtype
-                        or a.nbytes != b.nbytes or not isinstance(a.nbytes, int)):
-                    continue
-                same = all(o == out.offset and list(st) == list(out.strides)
-                           for o, st, s in leaves if root(s) is a)
-                if same and out.offset == 0 and out.is_contiguous():
-                    alias[b] = a
-                    a.last = max(a.last, b.last)
-                    break
-        # lifetimes of merged buffers: the union
-        for b in alias:
-            r = root(b)
-            r.last = max(r.last, b.last)
-        kept = [s for s in self.prog.arena_storages if s not in alias]
-        self.prog.arena_index = {s: i for i, s in enumerate(kept)}
-        self.prog.arena_index.update({b: self.prog.arena_index[root(b)] for b in alias})
-        self.prog.arena_storages = kept
-        return {b.name: root(b).name for b in alias}
-
-    def _allocate_outputs_late(self):
-        """An output array (a gradient for ``.grad``) is allocated by Python at the
-        last callback before its first write, not all at the start: with hooks
-        (a checkpointed backward) gradients appear as the backward reaches them,
-        as in the Python backend. Returns the storages allocated late."""
-        sites = sorted(self.prog.sites, key=lambda site: site.step)
-        lazy = set()
-        for s in self.prog.out_storages:
-            before = [site for site in sites if site.step < s.first]
-            if before:
-                site = before[-1]
-                site.alloc.append(s)
-                lazy.add(s)
-                # after the callback itself (same step, emitted later: stable sort)
-                self.stmts.append((site.step, "", f"{s.name} = ({ctype(s.dtype)} *)"
-                                                  f"CA_DATA(out[{s.index}]);"))
-        return lazy
-
-    def _plan_arena_blocks(self):
-        """The arena plan (``codegen.arena``), with the callbacks' steps as its cuts.
-        A buffer in a block opened at a callback gets its pointer after that
-        callback, which allocated the block. Returns those buffers. (A dynamic
-        graph's plan depends on its sizes: the runner makes it per call, with
-        the same blocks, which depend on steps only.)"""
-        prog = self.prog
-        prog.cuts = sorted(site.step for site in prog.sites)
-        assert len(set(prog.cuts)) == len(prog.cuts), "two callbacks at one step"
-        buffers = [(s.nbytes if not prog.dynamic else 0, s.first, s.last)
-                   for s in prog.arena_storages]
-        plan = arena_plan.plan(buffers, prog.cuts, fill=not prog.dynamic)
-        prog.plan = None if prog.dynamic else plan
-        prog.block_of, prog.windows = plan.block_of, plan.windows
-        whole = (0, len(prog.cuts))
-        prog.call_block = prog.windows.index(whole) if whole in prog.windows else None
-        sites = sorted(prog.sites, key=lambda site: site.step)
-        for k, (opened, closed) in enumerate(prog.windows):
-            if k != prog.call_block:
-                if opened > 0:
-                    sites[opened - 1].open_blocks.append(k)
-                if closed < len(sites):
-                    sites[closed].close_blocks.append(k)
-        late = set()
-        for i, s in enumerate(prog.arena_storages):
-            opened = prog.windows[prog.block_of[i]][0]
-            if opened > 0:
-                late.add(s)
-                self.stmts.append((prog.cuts[opened - 1], "", f"{s.name} = {self._arena_pointer(s)};"))
-        return late
-
-    def _arena_pointer(self, s):
-        """C for the address of arena buffer ``s``: its block's base plus its offset.
-        The block live for the whole call is ``arena``; any other is an array
-        Python allocated, read from ``out[]`` after the output arrays."""
-        prog = self.prog
-        i = prog.arena_index[s]
-        k = prog.block_of[i]
-        base = "arena" if k == prog.call_block else f"CA_DATA(out[{len(prog.out_storages) + k}])"
-        offset = f"offsets[{i}]" if prog.dynamic else str(prog.plan.offsets[i])
-        return f"({ctype(s.dtype)} *)({base} + {offset})"
-
     def _set_lifetimes(self):
         """Each buffer's last step, from the graph's one liveness analysis
         (``Graph.last_uses``): a value dies at the step of its last reader, where
@@ -546,16 +443,16 @@ class Emitter:
                 prog.sites.append(site)
                 self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
                                    f"  /* release: {len(dying[step])} array(s) past last use */"))
-        lazy = self._allocate_outputs_late()
-        renames = self._reuse_dying_inputs()
-        late_arena = self._plan_arena_blocks()
+        lazy = c_memory.allocate_outputs_late(prog, self.stmts)
+        renames = c_memory.reuse_dying_inputs(prog, self.stmts, self.inplace)
+        late_arena = c_memory.plan_arena_blocks(prog, self.stmts)
         decls = []     # every pointer: its C type, name and initial value
 
         def decl(storage, init, note=""):
             decls.append({"type": ctype(storage.dtype), "name": storage.name, "init": init,
                           "note": note})
         for s in prog.arena_storages:
-            decl(s, "NULL" if s in late_arena else self._arena_pointer(s))
+            decl(s, "NULL" if s in late_arena else c_memory.arena_pointer(prog, s))
         for s in prog.out_storages:
             decl(s, "NULL" if s in lazy else f"({ctype(s.dtype)} *)CA_DATA(out[{s.index}])")
         for j, (_, s) in enumerate(prog.inputs):
