@@ -344,7 +344,7 @@ class CBackward:
         # The C reads each array's data pointer from its object (runtime.cbuild);
         # the outputs and arena blocks allocated at a callback are filled in there.
         n_out = len(prog.out_storages)
-        frame.outs = outs = [None] * n_out
+        frame.outs = [None] * n_out
         frame.arena_blocks = [None] * len(prog.windows)
         frame.out_objs = out_objs = np.zeros(n_out + len(prog.windows), np.uintp)
         self._allocate(frame, self._outs_at_start)
