@@ -58,7 +58,7 @@ def allocate_outputs_late(prog, stmts):
     last callback before its first write, not all at the start: with hooks
     (a checkpointed backward) gradients appear as the backward reaches them,
     as in the Python backend. Returns the storages allocated late."""
-    sites = sorted(prog.sites, key=lambda site: site.step)
+    sites = _in_order(prog.sites)
     lazy = set()
     for s in prog.out_storages:
         before = [site for site in sites if site.step < s.first]
@@ -78,7 +78,8 @@ def plan_arena_blocks(prog, stmts):
     callback, which allocated the block. Returns those buffers. (A dynamic
     graph's plan depends on its sizes: the runner makes it per call, with
     the same blocks, which depend on steps only.)"""
-    prog.cuts = sorted(site.step for site in prog.sites)
+    sites = _in_order(prog.sites)
+    prog.cuts = [site.step for site in sites]
     assert len(set(prog.cuts)) == len(prog.cuts), "two callbacks at one step"
     buffers = [(s.nbytes if not prog.dynamic else 0, s.first, s.last)
                for s in prog.arena_storages]
@@ -87,7 +88,6 @@ def plan_arena_blocks(prog, stmts):
     prog.block_of, prog.windows = plan.block_of, plan.windows
     whole = (0, len(prog.cuts))
     prog.call_block = prog.windows.index(whole) if whole in prog.windows else None
-    sites = sorted(prog.sites, key=lambda site: site.step)
     for k, (opened, closed) in enumerate(prog.windows):
         if k != prog.call_block:
             if opened > 0:
@@ -112,3 +112,8 @@ def arena_pointer(prog, s):
     base = "arena" if k == prog.call_block else f"CA_DATA(out[{len(prog.out_storages) + k}])"
     offset = f"offsets[{i}]" if prog.dynamic else str(prog.plan.offsets[i])
     return f"({ctype(s.dtype)} *)({base} + {offset})"
+
+
+def _in_order(sites):
+    """The callback sites in the order the C reaches them."""
+    return sorted(sites, key=lambda site: site.step)
