@@ -27,6 +27,7 @@ from compiled_autograd import native_walk
 from compiled_autograd.dispatch import gradient_edge
 from compiled_autograd.grad_mode import set_grad_enabled
 from compiled_autograd.node import AccumulateGrad, accumulate_into
+from compiled_autograd.tensor import Tensor
 from runtime import memory as _rt_memory
 from runtime.prims import broadcast_shapes, ops, sum_to
 
@@ -36,7 +37,6 @@ def _shape_str(shape):
 
 
 def _make_root_grads(tensors, grad_tensors, create_graph):
-    from compiled_autograd.tensor import Tensor
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)
     if len(grad_tensors) != len(tensors):
@@ -346,21 +346,14 @@ def _needs_validation(fn) -> bool:
 
 def _compiled_options(create_graph):
     """The active ``ca.compiled_backward`` options, or None for eager autograd."""
-    from compiled_autograd.compiled import current_options
-    options = current_options()
+    options = _compiled.current_options()
     if options is not None and create_graph:
         raise RuntimeError("compiled autograd: create_graph=True is not supported yet; run "
                            "this backward outside ca.compiled_backward()")
     return options
 
 
-def compiled_run(*args, **kwargs):
-    from compiled_autograd.compiled import run
-    return run(*args, **kwargs)
-
-
 def _edges_of(inputs, what):
-    from compiled_autograd.tensor import Tensor
     edges = []
     for t in inputs:
         if not isinstance(t, Tensor):
@@ -373,7 +366,6 @@ def _edges_of(inputs, what):
 
 
 def _as_list(x):
-    from compiled_autograd.tensor import Tensor
     if x is None:
         return None
     return [x] if isinstance(x, Tensor) else list(x)
@@ -391,7 +383,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     roots = _make_root_grads(tensors, grad_tensors, create_graph)
     if inputs is None:
         if compiled is not None:
-            compiled_run(roots, retain_graph, options=compiled)
+            _compiled.run(roots, retain_graph, options=compiled)
         else:
             execute(roots, retain_graph, create_graph)
         return
@@ -404,7 +396,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         if not t.is_leaf and not t.retains_grad:
             t.retain_grad()
     if compiled is not None:
-        compiled_run(roots, retain_graph, edges, accumulate=True, options=compiled)
+        _compiled.run(roots, retain_graph, edges, accumulate=True, options=compiled)
     else:
         execute(roots, retain_graph, create_graph, edges, accumulate=True)
 
@@ -412,7 +404,6 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
          allow_unused=False):
     """Gradients of ``outputs`` w.r.t. ``inputs``; ``.grad`` is left untouched."""
-    from compiled_autograd.tensor import Tensor
     outputs = _as_list(outputs)
     inputs = _as_list(inputs)
     grad_outputs = _as_list(grad_outputs)
@@ -422,7 +413,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     roots = _make_root_grads(outputs, grad_outputs, create_graph)
     edges = _edges_of(inputs, "inputs")
     if compiled is not None:
-        captured = compiled_run(roots, retain_graph, edges, accumulate=False, options=compiled)
+        captured = _compiled.run(roots, retain_graph, edges, accumulate=False, options=compiled)
     else:
         captured = execute(roots, retain_graph, create_graph, edges, accumulate=False)
     result = []
@@ -440,3 +431,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                 g = Tensor._make(g)
             result.append(g)
     return tuple(result)
+
+
+# Last: compiled.py imports this module (the compiled path of backward and grad).
+from compiled_autograd import compiled as _compiled  # noqa: E402

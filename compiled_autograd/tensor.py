@@ -64,7 +64,8 @@ class Tensor:
     @classmethod
     def _make(cls, data):
         t = object.__new__(cls)
-        t._init(data)
+        t._data = data             # (_init, one call fewer: every op's result is made here)
+        t._init_state()
         return t
 
     @classmethod
@@ -165,9 +166,8 @@ class Tensor:
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """Compute the gradient of this tensor w.r.t. graph leaves (torch semantics)."""
-        from compiled_autograd.engine import backward
-        backward([self], None if gradient is None else [gradient], retain_graph,
-                 create_graph, inputs=inputs)
+        _engine.backward([self], None if gradient is None else [gradient], retain_graph,
+                         create_graph, inputs=inputs)
 
     def register_hook(self, hook):
         from compiled_autograd.hooks import register_tensor_hook
@@ -263,5 +263,7 @@ class Tensor:
 
 # Tensor methods for ops live in tensor_methods.py (installed on import).
 from compiled_autograd import tensor_inplace, tensor_methods  # noqa: E402,F401
+# The engine imports this module (for backward, above).
+from compiled_autograd import engine as _engine  # noqa: E402
 
 __all__ = ["Tensor", "VersionCounter", "ops"]
