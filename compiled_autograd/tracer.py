@@ -319,7 +319,7 @@ def collect(task, roots, record=True):
     value sits, which only the tracer needs."""
     args = CompiledNodeArgs(record)
     index = task.index
-    args.collect(("roots", tuple((index[fn], nr, np.asarray(g).dtype.str)
+    args.collect(("roots", tuple((index[fn], nr, np.asarray(g).dtype)
                                  for (fn, nr), g in roots)))
     for i, (_, g) in enumerate(roots):
         args.collect_sizes((np.shape(g),), owner=("root", i))
