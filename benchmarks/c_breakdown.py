@@ -107,17 +107,17 @@ GELU_LOOPS = """
 #include <string.h>
 #include <math.h>
 {% include "math.h.j2" %}
-void gelu_libm(float *g, const float *x, int64_t n) {
+void gelu_libm(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
-    g[i] *= (erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * expf(x[i] * x[i] * -0.5f) * 0.39894228f;
+    out[i] = g[i] * ((erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * expf(x[i] * x[i] * -0.5f) * 0.39894228f);
 }
-void gelu_ca(float *g, const float *x, int64_t n) {
+void gelu_ca(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
-    g[i] *= (ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f;
+    out[i] = g[i] * ((ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f);
 }
-void gelu_fused(float *g, const float *x, int64_t n) {
+void gelu_fused(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
-    g[i] *= ca_gelu_grad_f(x[i]);
+    out[i] = g[i] * ca_gelu_grad_f(x[i]);
 }
 """
 GELU_NAMES = {"libm": "libm erff+expf", "ca": "ca_erff+ca_expf",
@@ -132,12 +132,13 @@ def gelu_loops(reps):
     from tracer import median_time
     lib = cbuild.load(cbuild.build(_ENV.from_string(GELU_LOOPS).render())[0])
     x = np.random.default_rng(0).standard_normal(512 * 512).astype(np.float32) * 3
-    g = np.ones_like(x)
+    g = np.random.default_rng(1).standard_normal(x.size).astype(np.float32)
+    out = np.empty_like(x)     # (not g itself: repeated in place, g would turn subnormal)
     row = {}
     for name in GELU_NAMES:
         f = getattr(lib, f"gelu_{name}")
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        call = lambda: f(g.ctypes.data, x.ctypes.data, x.size)  # noqa: E731
+        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        call = lambda: f(out.ctypes.data, g.ctypes.data, x.ctypes.data, x.size)  # noqa: E731
         call()
         row[GELU_NAMES[name]] = median_time(call, reps)
     return row
