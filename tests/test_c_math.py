@@ -125,9 +125,10 @@ def test_gelu_grad_keeps_relative_accuracy_below_zero(lib):
 
 
 def test_gelu_grad_special_values(lib):
-    x = np.array([np.nan, 0.0, -0.0, 30.0, -30.0, np.inf, -np.inf], np.float32)
+    x = np.array([np.nan, 0.0, -0.0, 30.0, -30.0, np.inf, -np.inf, 1e20, -1e20], np.float32)
     y = _run(lib, "test_gelu_grad", x)
     assert np.isnan(y[0]) and y[1] == 0.5 and y[2] == 0.5 and y[3] == 1.0 and y[4] == 0.0
+    assert y[7] == 1.0 and y[8] == 0.0           # x^2 overflows float: no NaN
     assert np.isnan(y[5]) and np.isnan(y[6])     # inf * pdf(inf) = inf * 0, as in numpy
 
 
