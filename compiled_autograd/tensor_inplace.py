@@ -12,7 +12,7 @@ import numpy as np
 
 from compiled_autograd.dispatch import apply_inplace
 from compiled_autograd.tensor import Tensor
-from compiled_autograd.tensor_methods import _as_tensor, _promote, _scalar, _select
+from compiled_autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
 from runtime.prims import PRIMS, ops
 
 
@@ -55,6 +55,24 @@ def _normalize_key(self, key):
     return key
 
 
+def _index_parts(arr, dim, shape):
+    """The int64 index arrays (non-negative) that index array ``arr`` stands for
+    at ``dim`` of ``shape``: one per dim a boolean mask covers, else one."""
+    if arr.dtype == bool:
+        if arr.shape != shape[dim:dim + arr.ndim]:
+            raise IndexError(f"The shape of the mask {list(arr.shape)} at index {dim} "
+                             f"does not match the shape of the indexed tensor "
+                             f"{list(shape[dim:dim + arr.ndim])} at index {dim}")
+        return [part.astype(np.int64) for part in np.nonzero(arr)]
+    if arr.dtype.kind not in "iu":
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    n = shape[dim]
+    if arr.size and (arr.max() >= n or arr.min() < -n):
+        bad = arr.max() if arr.max() >= n else arr.min()
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {n}")
+    return [np.where(arr < 0, arr + n, arr).astype(np.int64)]
+
+
 def _getitem(self, key):
     key = _normalize_key(self, key)
     out, dim, advanced = self, 0, []
@@ -71,26 +89,15 @@ def _getitem(self, key):
             if (start, stop, step) != (0, n, 1):
                 out = ops.slice(out, dim=dim, start=start, stop=stop, step=step)
             dim += 1
+        elif isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == bool:
+            # A 0-d mask adds a dim: of size 1 (True) or 0 (False), as in torch.
+            out = out.unsqueeze(dim)
+            if not k:
+                out = ops.slice(out, dim=dim, start=0, stop=0, step=1)
+            dim += 1
         elif _is_index_array(k):
-            arr = k
-            if arr.dtype == bool:
-                if arr.shape != out.shape[dim:dim + arr.ndim]:
-                    raise IndexError(f"The shape of the mask {list(arr.shape)} at index {dim} "
-                                     f"does not match the shape of the indexed tensor "
-                                     f"{list(out.shape[dim:dim + arr.ndim])}")
-                for part in np.nonzero(arr):
-                    advanced.append((dim, part.astype(np.int64)))
-                    dim += 1
-            else:
-                if arr.dtype.kind not in "iu":
-                    raise IndexError("tensors used as indices must be long, int, byte or bool "
-                                     "tensors")
-                n = out.shape[dim]
-                if arr.size and (arr.max() >= n or arr.min() < -n):
-                    bad = arr.max() if arr.max() >= n else arr.min()
-                    raise IndexError(f"index {bad} is out of bounds for dimension {dim} "
-                                     f"with size {n}")
-                advanced.append((dim, np.where(arr < 0, arr + n, arr).astype(np.int64)))
+            for part in _index_parts(k, dim, out.shape):
+                advanced.append((dim, part))
                 dim += 1
         elif isinstance(k, (int, np.integer)):
             out = _select(out, dim, int(k))
@@ -98,7 +105,7 @@ def _getitem(self, key):
             raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or "
                              f"byte Variables are valid indices (got {type(k).__name__})")
     if not advanced:
-        return out
+        return out if out is not self else _alias(self)
     pattern = [None] * (advanced[-1][0] + 1)
     indices = []
     for pos, (d, arr) in enumerate(advanced):
@@ -121,9 +128,12 @@ def _setitem(self, key, value):
 
 def _index_put_(self, key, value):
     """``x[arrays] = value``: torch's index_put_ (the selected places, in order)."""
+    parts = []
+    for k in _normalize_key(self, key):
+        parts += _index_parts(k, len(parts), self.shape)
     sel = np.zeros(self.shape, dtype=bool)
-    sel[key] = True
-    picked = self._data[key]  # only for the selected shape and the duplicate check
+    sel[tuple(parts)] = True
+    picked = self._data[tuple(parts)]  # only for the selected shape and the duplicate check
     if sel.sum() != picked.size:
         raise RuntimeError("index_put_ with duplicate indices is not supported: the value "
                            "written would depend on the order of the writes")
@@ -137,16 +147,8 @@ def _index_put_(self, key, value):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot "
                            f"be broadcast to indexing result of shape "
                            f"{list(picked.shape)}") from None
-    index_arrays, pattern, d = [], [], 0
-    for k in key:
-        parts = np.nonzero(k) if k.dtype == bool else (k,)
-        for part in parts:
-            n = self.shape[d]
-            pattern.append(len(index_arrays))
-            index_arrays.append(Tensor._make(np.where(part < 0, part + n, part).astype(np.int64)))
-            d += 1
-    scattered = ops.index_accumulate(value.to(self.dtype), *index_arrays, shape=self.shape,
-                                     pattern=tuple(pattern))
+    scattered = ops.index_accumulate(value.to(self.dtype), *map(Tensor._make, parts),
+                                     shape=self.shape, pattern=tuple(range(len(parts))))
     apply_inplace(PRIMS["masked_fill"], (self, mask, scattered), {})
 
 

@@ -257,8 +257,9 @@ def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):
 Tensor.sum = _sum
 Tensor.mean = _mean
 Tensor.var = _var
+# std's gradient is 0 where std is 0 (all values equal), as torch's std_backward.
 Tensor.std = lambda self, dim=None, unbiased=None, keepdim=False, correction=None: \
-    _var(self, dim, unbiased, keepdim, correction).sqrt()
+    ops.sqrt(_var(self, dim, unbiased, keepdim, correction), zero_grad_at_zero=True)
 Tensor.amax = lambda self, dim=None, keepdim=False: ops.amax(self, dims=_dims(self, dim),
                                                              keepdim=keepdim)
 Tensor.amin = lambda self, dim=None, keepdim=False: -ops.amax(-self, dims=_dims(self, dim),
@@ -332,7 +333,14 @@ def _infer_shape(self, shape):
 
 def _reshape(self, *shape):
     shape = _infer_shape(self, _shape_args(shape))
-    return self if shape == self.shape else ops.reshape(self, shape=shape)
+    return ops.reshape(self, shape=shape)     # a view even when the shape is the same
+
+
+def _alias(self):
+    """A new view of all of ``self`` (with its own grad_fn, as torch's views): what
+    a view op that changes nothing returns, so that hooks and retain_grad on it
+    see only its own gradient."""
+    return ops.reshape(self, shape=self.shape)
 
 
 def _view(self, *shape):
@@ -365,7 +373,7 @@ def _transpose(self, dim0, dim1):
 def _t(self):
     if self.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
-    return _transpose(self, 0, 1) if self.ndim == 2 else self
+    return _transpose(self, 0, 1) if self.ndim == 2 else _alias(self)
 
 
 def _expand(self, *sizes):
@@ -381,7 +389,7 @@ def _expand(self, *sizes):
             raise RuntimeError(f"The expanded size of the tensor ({shape[i + lead]}) must match "
                                f"the existing size ({n}) at non-singleton dimension {i + lead}."
                                f"  Target sizes: {list(sizes)}.  Tensor sizes: {list(self.shape)}")
-    return self if shape == self.shape else ops.expand(self, shape=shape)
+    return ops.expand(self, shape=shape)      # a view even when the shape is the same
 
 
 def _unsqueeze(self, dim):
@@ -395,7 +403,7 @@ def _squeeze(self, dim=None):
     else:
         dims = _dims(self, dim)
         shape = tuple(n for i, n in enumerate(self.shape) if not (i in dims and n == 1))
-    return self if shape == self.shape else ops.reshape(self, shape=shape)
+    return ops.reshape(self, shape=shape)
 
 
 def _flatten(self, start_dim=0, end_dim=-1):

@@ -325,8 +325,13 @@ def collect(task, roots, record=True):
         args.collect_sizes((np.shape(g),), owner=("root", i))
     captures = task.captures
     if captures:
+        # An input the roots do not reach (allow_unused) is captured by no node:
+        # its gradient is None. Only its position is part of the key.
         args.collect(("captures", tuple(sorted((index[fn], nr, tuple(idx))
-                                               for (fn, nr), idx in captures.items()))))
+                                               for (fn, nr), idx in captures.items()
+                                               if fn in index)),
+                      tuple(sorted(i for (fn, _), idx in captures.items()
+                                   if fn not in index for i in idx))))
     exec_info = task.exec_info
     walk = native_walk.module() if not record and exec_info is None else None
     if walk is not None:

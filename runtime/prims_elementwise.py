@@ -53,14 +53,19 @@ def _(ctx, g):
 
 @prim("sqrt", meta=same_meta, save=("out",),
       c_template="sqrt({{ a }})")
-def sqrt(x):
+def sqrt(x, zero_grad_at_zero=False):
+    """``zero_grad_at_zero``: the gradient is 0 where the result is 0 (torch's
+    std; a plain sqrt's is inf there)."""
     return as_array(np.sqrt(x))
 
 
 @sqrt.defvjp
 def _(ctx, g):
     (out,) = ctx.saved
-    return (ops.div(ops.mul(g, 0.5), out),)
+    if not ctx.params.get("zero_grad_at_zero"):
+        return (ops.div(ops.mul(g, 0.5), out),)
+    zero = ops.eq(out, 0.0)      # (divides by 1 there: no division by zero)
+    return (ops.where(zero, 0.0, ops.div(ops.mul(g, 0.5), ops.where(zero, 1.0, out))),)
 
 
 @prim("abs", meta=same_meta, save=(0,),

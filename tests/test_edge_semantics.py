@@ -193,3 +193,118 @@ def test_pow_exponent_gradient_at_zero_base_matches_torch():
 def test_cross_entropy_all_ignored_is_nan():
     x = ca.randn(2, 3, requires_grad=True)
     assert np.isnan(ca.nn.functional.cross_entropy(x, ca.tensor([-100, -100])).item())
+
+
+# ---------------------------------------------------------------- found by tests/fuzz_programs.py
+
+_NOOP_VIEWS = {
+    "reshape to the same shape": lambda h: h.reshape(2, 3),
+    "expand to the same shape": lambda h: h.expand(2, 3),
+    "squeeze with no size-1 dim": lambda h: h.squeeze(),
+    "squeeze(0) of a size-2 dim": lambda h: h.squeeze(0),
+    "t() of a 1-d tensor": lambda h: h[0].t(),
+    "[:]": lambda h: h[:],
+    "[...]": lambda h: h[...],
+}
+
+
+def _noop_view_hook(m, view):
+    """A hook on a view that changes nothing sees (and zeroes) only the view's
+    gradient: the view is a new tensor with its own grad_fn, as in torch."""
+    x = m.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    h = x * 1
+    v = view(h)
+    assert v is not h and v.grad_fn is not h.grad_fn
+    v.register_hook(lambda g: g * 0)
+    v.retain_grad()
+    (h.sum() + (v * 3).sum()).backward()
+    return x.grad.numpy(), v.grad.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(_NOOP_VIEWS))
+def test_a_view_that_changes_nothing_is_a_new_view(name):
+    grad, view_grad = _noop_view_hook(ca, _NOOP_VIEWS[name])
+    assert_close(grad, np.ones((2, 3)))          # h's own path only; the view's is zeroed
+    assert_close(view_grad, np.zeros_like(view_grad))
+
+
+@needs_torch
+@pytest.mark.parametrize("name", sorted(_NOOP_VIEWS))
+def test_a_view_that_changes_nothing_is_a_new_view_torch(name):
+    for a, b in zip(_noop_view_hook(ca, _NOOP_VIEWS[name]), _noop_view_hook(torch, _NOOP_VIEWS[name])):
+        assert_close(a, b)
+
+
+def _zero_d_masks(m):
+    out = []
+    for value in (True, False):
+        for shape in ((), (3,)):
+            x = m.tensor(np.arange(1.0, 1.0 + np.prod(shape)).reshape(shape), requires_grad=True)
+            mask = m.from_numpy(np.array(value))
+            picked = x[mask]
+            b = x * 1.0
+            b[mask] = 0.0
+            (picked.sum() * 3 + (b * b).sum()).backward()
+            out += [tuple(picked.shape), b.detach().numpy().tolist(), x.grad.numpy().tolist()]
+    return out
+
+
+def test_zero_d_bool_mask_adds_a_dim_of_size_one_or_zero():
+    assert _zero_d_masks(ca) == [
+        (1,), 0.0, 3.0, (1, 3), [0.0, 0.0, 0.0], [3.0, 3.0, 3.0],
+        (0,), 1.0, 2.0, (0, 3), [1.0, 2.0, 3.0], [2.0, 4.0, 6.0]]
+
+
+@needs_torch
+def test_zero_d_bool_mask_adds_a_dim_of_size_one_or_zero_torch():
+    assert _zero_d_masks(ca) == _zero_d_masks(torch)
+
+
+@pytest.mark.parametrize("shape, key, message", [
+    ((), np.array([True]), "too many indices for tensor of dimension 0"),
+    ((3,), np.array([True, False]), r"The shape of the mask \[2\] at index 0 does not match "
+                                    r"the shape of the indexed tensor \[3\] at index 0"),
+    ((3,), np.array([3]), "index 3 is out of bounds for dimension 0 with size 3"),
+])
+def test_index_assignment_checks_its_indices_as_indexing_does(shape, key, message):
+    x = ca.zeros(*shape)
+    version = x._version
+    with pytest.raises(IndexError, match=message):
+        x[ca.from_numpy(key)] = 1.0
+    with pytest.raises(IndexError, match=message):
+        x[ca.from_numpy(key)]
+    assert x._version == version and not x.numpy().any()
+
+
+def _std_of_equal_values(m):
+    x = m.tensor([[2.0, 2.0, 2.0], [1.0, 2.0, 4.0]], requires_grad=True)
+    x.std(1).sum().backward()
+    return x.grad.numpy()
+
+
+def test_std_gradient_is_zero_where_std_is_zero():
+    grad = _std_of_equal_values(ca)
+    assert (grad[0] == 0).all()
+    centered = np.array([1.0, 2.0, 4.0]) - 7 / 3
+    assert_close(grad[1], centered / (2 * np.sqrt((centered ** 2).sum() / 2)))
+
+
+@needs_torch
+def test_std_gradient_is_zero_where_std_is_zero_torch():
+    assert_close(_std_of_equal_values(ca), _std_of_equal_values(torch))
+
+
+@pytest.mark.parametrize("backend", ["eager", "python", "c"])
+def test_grad_of_an_input_the_output_does_not_reach(backend):
+    from helpers import _has_cc
+    if backend == "c" and not _has_cc():
+        pytest.skip("no C compiler")
+    x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    unused = ca.tensor([1.0, 1.0], requires_grad=True)
+    with ca.compiled_backward(backend=backend):
+        gx, gu = ca.autograd.grad((x * 2).sum(), [x, unused], allow_unused=True)
+        assert gu is None and gx.numpy().tolist() == [2.0, 2.0, 2.0]
+        gu, gx = ca.autograd.grad((x * 2).sum(), [unused, x], allow_unused=True)
+        assert gu is None and gx.numpy().tolist() == [2.0, 2.0, 2.0]
+        with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+            ca.autograd.grad((x * 2).sum(), [x, unused])
