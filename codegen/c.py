@@ -135,7 +135,7 @@ class Emitter:
         self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
         self.fused = self._fusable()
         self.site_of: dict = {}     # hook node -> its callback Site
-        self.inplace: list = []       # elementwise statements: (step, out, leaves)
+        self.loops: list = []         # elementwise loops: (step, out, leaves, accumulate)
         self.wants_out = self._wanted_outputs()
 
     # ------------------------------------------------------------ planning passes
@@ -260,8 +260,7 @@ class Emitter:
         for j, (offset, _, _) in enumerate(leaves):
             body = body.replace(f"@{j}@", self.index(offset, vecs[j + 1], names))
         target = f"{out.ptr}[{self.index(out.offset, vecs[0], names)}]"
-        if not accumulate:
-            self.inplace.append((self.step, out, leaves))
+        self.loops.append((self.step, out, leaves, accumulate))
         return _ENV.get_template("elementwise.c.j2").render(
             loops=list(zip(names, map(c_expr, dims))), target=target, body=body,
             op="+=" if accumulate else "=")
@@ -444,7 +443,7 @@ class Emitter:
                 self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
                                    f"  /* release: {len(dying[step])} array(s) past last use */"))
         lazy = c_memory.allocate_outputs_late(prog, self.stmts)
-        renames = c_memory.reuse_dying_inputs(prog, self.stmts, self.inplace)
+        renames = c_memory.reuse_dying_inputs(prog, self.stmts, self.loops)
         late_arena = c_memory.plan_arena_blocks(prog, self.stmts)
         decls = []     # every pointer: its C type, name and initial value
 

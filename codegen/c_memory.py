@@ -9,27 +9,33 @@ from codegen import arena as arena_plan
 from codegen.c_layout import ctype
 
 
-def reuse_dying_inputs(prog, stmts, inplace):
+def reuse_dying_inputs(prog, stmts, loops):
     """An elementwise loop may write its result over an arena input that dies
     in that loop, when it reads every element of that input exactly where it
     writes the same element of the result (out[i] = f(a[i], ...)). The two
     buffers become one, which lowers the arena (the planner never has to hold
-    both). Only when that loop is the node's only statement: a node that first
-    fills its result (slice_backward's zeros, as_strided_scatter's base copy)
-    would otherwise overwrite the input before the loop reads it."""
+    both). Only when that loop is the node's only statement and only loop: a node
+    that first fills its result (slice_backward's zeros, as_strided_scatter's
+    base copy, in the same statement as its scatter) would otherwise overwrite
+    the input before the loop reads it. ``loops``: (step, out, leaves,
+    accumulate) per elementwise loop."""
     alias: dict = {}
     per_step: dict = {}
     for s, _, _ in stmts:
         per_step[s] = per_step.get(s, 0) + 1
+    loops_at: dict = {}
+    for s, *_ in loops:
+        loops_at[s] = loops_at.get(s, 0) + 1
 
     def root(st):
         while st in alias:
             st = alias[st]
         return st
 
-    for step, out, leaves in inplace:
+    for step, out, leaves, accumulate in loops:
         b = out.storage
-        if b.kind != "arena" or b.first != step or b in alias or per_step.get(step) != 1:
+        if (accumulate or b.kind != "arena" or b.first != step or b in alias
+                or per_step.get(step) != 1 or loops_at[step] != 1):
             continue
         for offset, strides, a in leaves:
             a = root(a)

@@ -402,7 +402,7 @@ def _where_meta(cond, a, b, **_):
 
 
 @prim("where", meta=_where_meta, save=(0,),
-      c_template="{{ a }} ? {{ b }} : {{ c }}")
+      c_template="ca_select({{ a }}, {{ b }}, {{ c }})")
 def where(cond, a, b):
     return as_array(np.where(cond, a, b))
 
@@ -457,7 +457,7 @@ def full_like(x, value, shape=None, dtype=None):
 @prim("masked_fill", meta=lambda x, mask, value: (
     broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value)), x.dtype),
     save=(1,),
-      c_template="{{ b }} ? {{ c }} : {{ a }}")
+      c_template="ca_select({{ b }}, {{ c }}, {{ a }})")
 def masked_fill(x, mask, value):
     """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is
     fill_/copy_: the in-place forms get a zero gradient for the overwritten value."""

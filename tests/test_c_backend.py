@@ -468,3 +468,57 @@ def test_arena_blocks_hold_only_what_lives_across_each_callback():
     plan = arena.plan([(64, 0, 2), (64, 1, 3)])
     assert plan.windows == [(0, 0)] and plan.block_of == [0, 0] and plan.size == 128
 
+
+
+# ---------------------------------------------------------------- 8. wrong code found by fuzzing
+# (tests/fuzz_programs.py; tests/test_fuzz_backends.py runs a fixed set of its programs)
+
+
+def _scatter_over_all_of_the_output():
+    x = ca.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    v = x.narrow(0, 1, 1)
+    b = v.clone()
+    b.select(0, 0).mul_(v.select(0, 0))   # CopySlices: its scatter covers all of b
+    return x, (b * ca.tensor([[1.0, 10.0]])).sum()
+
+
+@needs_cc
+def test_a_scatter_over_its_whole_output_does_not_write_over_its_source():
+    """as_strided_scatter copies its base into the output, then its source: the
+    output may not share its buffer with the dying source (it did: the base copy
+    overwrote the source before the scatter read it)."""
+    x, loss = _scatter_over_all_of_the_output()
+    _on_c(loss.backward)
+    assert x.grad.numpy().tolist() == [[0.0, 0.0], [6.0, 80.0]]   # d(v*v)/dv = 2v, times w
+
+
+def _masked_sum_over_a_middle_dim(backend=None):
+    rng = np.random.default_rng(1)
+    x = ca.tensor(rng.standard_normal((2, 3)), dtype=np.float64, requires_grad=True)
+    y = ca.tensor(rng.standard_normal((2, 3)), dtype=np.float64, requires_grad=True)
+    e = ((x * 1.0) @ y.transpose(0, 1)).unsqueeze(1).expand(2, 3, 2).clone()
+    e.relu_()
+    loss = ((e * e + 1.0).log() * ca.tensor(rng.standard_normal((2, 3, 2)), dtype=np.float64)).sum()
+    if backend:
+        with ca.compiled_backward(backend=backend):
+            loss.backward()
+    else:
+        loss.backward()
+    return x.grad.numpy(), y.grad.numpy()
+
+
+@needs_cc
+def test_a_masked_sum_over_a_middle_dim_is_right_at_o3():
+    """ReluBackward's select fused into ExpandBackward's sum over the middle dim
+    (2x3x2): GCC 12 at -O3 with AVX2 or AVX-512 vectorised `m ? a*b : 0` in that
+    nest wrongly (masked loads), and row 1 of both gradients was off by up to 100%.
+    where/masked_fill now call ca_select, whose arguments load unconditionally."""
+    for ours, eager in zip(_masked_sum_over_a_middle_dim("c"), _masked_sum_over_a_middle_dim()):
+        np.testing.assert_allclose(ours, eager, rtol=1e-12, atol=1e-14)
+
+
+def test_selects_evaluate_their_operands_unconditionally():
+    # The guard of the test above on compilers that happen to get it right.
+    for name in ("where", "masked_fill"):
+        assert PRIMS[name].c_template.startswith("ca_select("), name
+    assert "ca_select(" in (TEMPLATES / "math.h.j2").read_text()
