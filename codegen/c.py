@@ -221,7 +221,9 @@ class Emitter:
         if template is None:
             template = _EXPR_CACHE[prim.c_template] = jinja2.Template(
                 prim.c_template, undefined=jinja2.StrictUndefined)
-        text = template.render(T=out_ct, **names)
+        # sfx: which typed version of a math.h helper (_f, _d, _i) the template calls
+        sfx = {"float": "f", "double": "d"}.get(compute, "i")
+        text = template.render(T=out_ct, sfx=sfx, **names)
         return f"(({out_ct})({text}))", node.meta["dtype"]
 
     # ------------------------------------------------------------ loops

@@ -55,14 +55,28 @@ def _normalize_key(self, key):
     return key
 
 
+def _check_broadcast(arrays):
+    """torch's error for index arrays of shapes that do not broadcast together."""
+    try:
+        np.broadcast_shapes(*(a.shape for a in arrays))
+    except ValueError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         f"with shapes {', '.join(str(list(a.shape)) for a in arrays)}") from None
+
+
+def _is_zero_d_mask(k):
+    return isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == bool
+
+
 def _index_parts(arr, dim, shape):
     """The int64 index arrays (non-negative) that index array ``arr`` stands for
     at ``dim`` of ``shape``: one per dim a boolean mask covers, else one."""
     if arr.dtype == bool:
-        if arr.shape != shape[dim:dim + arr.ndim]:
-            raise IndexError(f"The shape of the mask {list(arr.shape)} at index {dim} "
-                             f"does not match the shape of the indexed tensor "
-                             f"{list(shape[dim:dim + arr.ndim])} at index {dim}")
+        for j, n in enumerate(arr.shape):
+            if dim + j >= len(shape) or shape[dim + j] != n:
+                raise IndexError(f"The shape of the mask {list(arr.shape)} at index {j} does "
+                                 f"not match the shape of the indexed tensor {list(shape)} at "
+                                 f"index {dim + j}")
         return [part.astype(np.int64) for part in np.nonzero(arr)]
     if arr.dtype.kind not in "iu":
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
@@ -89,10 +103,13 @@ def _getitem(self, key):
             if (start, stop, step) != (0, n, 1):
                 out = ops.slice(out, dim=dim, start=start, stop=stop, step=step)
             dim += 1
-        elif isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == bool:
-            # A 0-d mask adds a dim: of size 1 (True) or 0 (False), as in torch.
+        elif _is_zero_d_mask(k):
+            # A 0-d mask adds a dim: of size 1 (True) or 0 (False), as in torch;
+            # next to index arrays it is one of them ([0] or [] on that dim).
             out = out.unsqueeze(dim)
-            if not k:
+            if any(_is_index_array(other) for other in key):
+                advanced.append((dim, np.zeros(1 if k else 0, np.int64)))
+            elif not k:
                 out = ops.slice(out, dim=dim, start=0, stop=0, step=1)
             dim += 1
         elif _is_index_array(k):
@@ -106,6 +123,7 @@ def _getitem(self, key):
                              f"byte Variables are valid indices (got {type(k).__name__})")
     if not advanced:
         return out if out is not self else _alias(self)
+    _check_broadcast([a for _, a in advanced])
     pattern = [None] * (advanced[-1][0] + 1)
     indices = []
     for pos, (d, arr) in enumerate(advanced):
@@ -120,7 +138,7 @@ def _setitem(self, key, value):
     if not any(_is_index_array(k) for k in key_t):
         _inplace("masked_fill", _getitem(self, key_t), True, value)  # a view, copied into
         return
-    if not all(_is_index_array(k) for k in key_t):
+    if not all(_is_index_array(k) or _is_zero_d_mask(k) for k in key_t):
         raise RuntimeError("assignment mixing index arrays with ints or slices is not "
                            "supported; index with arrays only, or assign into a view first")
     _index_put_(self, key_t, value)
@@ -128,9 +146,17 @@ def _setitem(self, key, value):
 
 def _index_put_(self, key, value):
     """``x[arrays] = value``: torch's index_put_ (the selected places, in order)."""
-    parts = []
+    parts, arrays = [], []      # arrays: parts, and each 0-d mask as [0] or []
     for k in _normalize_key(self, key):
-        parts += _index_parts(k, len(parts), self.shape)
+        if _is_zero_d_mask(k):
+            # Next to index arrays a 0-d mask is [0] (True: it selects the same
+            # places) or [] (False: it broadcasts with no other, as in torch).
+            arrays.append(np.zeros(1 if k else 0, np.int64))
+            continue
+        new = _index_parts(k, len(parts), self.shape)
+        parts += new
+        arrays += new
+    _check_broadcast(arrays)
     sel = np.zeros(self.shape, dtype=bool)
     sel[tuple(parts)] = True
     picked = self._data[tuple(parts)]  # only for the selected shape and the duplicate check
@@ -142,7 +168,8 @@ def _index_put_(self, key, value):
         _inplace("masked_fill", self, mask, value)
         return
     try:
-        value = value.expand(*picked.shape)
+        if tuple(value.shape) != picked.shape:
+            value = value.expand(*picked.shape)
     except RuntimeError:
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot "
                            f"be broadcast to indexing result of shape "

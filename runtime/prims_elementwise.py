@@ -28,7 +28,7 @@ def _(ctx, g):
 
 
 @prim("exp", meta=same_meta, save=("out",),
-      c_template="ca_exp({{ a }})")
+      c_template="ca_exp_{{ sfx }}({{ a }})")
 def exp(x):
     return as_array(np.exp(x))
 
@@ -81,7 +81,7 @@ def _(ctx, g):
 
 
 @prim("sign", meta=same_meta,
-      c_template="ca_sign({{ a }})")
+      c_template="ca_sign_{{ sfx }}({{ a }})")
 def sign(x):
     return as_array(np.sign(x))
 
@@ -129,7 +129,7 @@ def _(ctx, g):
 
 
 @prim("sigmoid", meta=same_meta, save=("out",),
-      c_template="ca_sigmoid({{ a }})")
+      c_template="ca_sigmoid_{{ sfx }}({{ a }})")
 def sigmoid(x):
     # Split by sign so exp never overflows.
     x = np.asarray(x)
@@ -144,7 +144,7 @@ def _(ctx, g):
 
 
 @prim("erf", meta=same_meta, save=(0,),
-      c_template="ca_erf({{ a }})")
+      c_template="ca_erf_{{ sfx }}({{ a }})")
 def erf(x):
     return _erf(np.asarray(x))
 
@@ -156,7 +156,7 @@ def _(ctx, g):
 
 
 @prim("relu", meta=same_meta, save=("out",),
-      c_template="ca_maximum({{ a }}, 0)")
+      c_template="ca_maximum_{{ sfx }}({{ a }}, 0)")
 def relu(x):
     return as_array(np.maximum(x, 0))
 
@@ -174,7 +174,7 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @prim("gelu", meta=same_meta, save=(0,),
-      c_template='{% if approximate == "tanh" %}ca_gelu_tanh({{ a }}){% else %}ca_gelu({{ a }}){% endif %}')
+      c_template='{% if approximate == "tanh" %}ca_gelu_tanh_{{ sfx }}({{ a }}){% else %}ca_gelu_{{ sfx }}({{ a }}){% endif %}')
 def gelu(x, approximate="none"):
     x = np.asarray(x)
     if approximate == "tanh":
@@ -191,7 +191,7 @@ def _(ctx, g):
 
 @prim("gelu_backward", meta=elementwise_meta, save=((0, 1), 1),
       c_template="{{ a }} * ca_gelu_grad{{ '_tanh' if approximate is defined and "
-                 "approximate == 'tanh' else '' }}({{ b }})")
+                 "approximate == 'tanh' else '' }}_{{ sfx }}({{ b }})")
 def gelu_backward(g, x, approximate="none"):
     """torch's gelu_backward: g * gelu'(x). One prim, so that the C backend computes
     the derivative in one helper that shares exp(-x^2/2) between erf and the density."""
@@ -334,7 +334,7 @@ def _minmax_vjp(ctx, g, a_wins):
 
 
 @prim("maximum", meta=elementwise_meta, save=(0, 1),
-      c_template="ca_maximum({{ a }}, {{ b }})")
+      c_template="ca_maximum_{{ sfx }}({{ a }}, {{ b }})")
 def maximum(a, b):
     return as_array(np.maximum(a, b))
 
@@ -346,7 +346,7 @@ def _(ctx, g):
 
 
 @prim("minimum", meta=elementwise_meta, save=(0, 1),
-      c_template="ca_minimum({{ a }}, {{ b }})")
+      c_template="ca_minimum_{{ sfx }}({{ a }}, {{ b }})")
 def minimum(a, b):
     return as_array(np.minimum(a, b))
 
@@ -358,7 +358,7 @@ def _(ctx, g):
 
 
 @prim("clamp", meta=same_meta, save=(0,),
-      c_template="{% if min is not none and max is not none %}ca_minimum(ca_maximum({{ a }}, {{ min }}), {{ max }}){% elif min is not none %}ca_maximum({{ a }}, {{ min }}){% elif max is not none %}ca_minimum({{ a }}, {{ max }}){% else %}{{ a }}{% endif %}")
+      c_template="{% if min is not none and max is not none %}ca_minimum_{{ sfx }}(ca_maximum_{{ sfx }}({{ a }}, {{ min }}), {{ max }}){% elif min is not none %}ca_maximum_{{ sfx }}({{ a }}, {{ min }}){% elif max is not none %}ca_minimum_{{ sfx }}({{ a }}, {{ max }}){% else %}{{ a }}{% endif %}")
 def clamp(x, min=None, max=None):
     return as_array(np.clip(x, min, max))
 
@@ -402,7 +402,7 @@ def _where_meta(cond, a, b, **_):
 
 
 @prim("where", meta=_where_meta, save=(0,),
-      c_template="ca_select({{ a }}, {{ b }}, {{ c }})")
+      c_template="ca_select_{{ sfx }}({{ a }}, {{ b }}, {{ c }})")
 def where(cond, a, b):
     return as_array(np.where(cond, a, b))
 
@@ -457,7 +457,7 @@ def full_like(x, value, shape=None, dtype=None):
 @prim("masked_fill", meta=lambda x, mask, value: (
     broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value)), x.dtype),
     save=(1,),
-      c_template="ca_select({{ b }}, {{ c }}, {{ a }})")
+      c_template="ca_select_{{ sfx }}({{ b }}, {{ c }}, {{ a }})")
 def masked_fill(x, mask, value):
     """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is
     fill_/copy_: the in-place forms get a zero gradient for the overwritten value."""

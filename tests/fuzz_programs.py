@@ -557,12 +557,14 @@ def compare(ours, theirs, rtol, atol):
                    f"{'None' if b is None else 'a gradient'}"
         if a is None:
             continue
-        if a.shape != b.shape:
-            return f"{name}: shape {a.shape} vs {b.shape}"
-        finite = np.abs(b[np.isfinite(b)])
-        bound = rtol * (np.abs(b) + float(finite.max(initial=0.0))) + atol
-        same = (a == b) | (np.isnan(a) & np.isnan(b))      # inf and nan where both are
-        bad = ~(same | (np.abs(a - b) <= bound))
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{name}: {a.dtype} {a.shape} vs {b.dtype} {b.shape}"
+        finite = np.isfinite(b)
+        bound = rtol * (np.abs(b) + float(np.abs(b[finite]).max(initial=0.0))) + atol
+        # Where b is inf or nan, a must be the same; elsewhere within the bound.
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        with np.errstate(invalid="ignore"):      # (inf - inf where both are inf)
+            bad = ~(same | (finite & (np.abs(a - b) <= bound)))
         if bad.any():
             k = np.flatnonzero(bad)[0]
             return (f"{name}: {bad.sum()} of {a.size} differ; first at flat index {k}: "

@@ -308,3 +308,35 @@ def test_grad_of_an_input_the_output_does_not_reach(backend):
         assert gu is None and gx.numpy().tolist() == [2.0, 2.0, 2.0]
         with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
             ca.autograd.grad((x * 2).sum(), [x, unused])
+
+
+def _zero_d_mask_next_to_index_arrays(m):
+    x = m.from_numpy(np.arange(24.0).reshape(3, 4, 2))
+    t, f, i = (m.from_numpy(np.array(True)), m.from_numpy(np.array(False)),
+               m.from_numpy(np.array([0, 2])))
+    shapes = [tuple(x[t, i].shape), tuple(x[i, t].shape), tuple(x[i, :, t].shape),
+              tuple(x[t, :, i].shape), tuple(x[i, t, i].shape)]
+    y = x.clone()
+    y[i, t] = 2.0
+    errors = []
+    for bad in (lambda: x[f, i], lambda: y.__setitem__((f, i), 1.0),
+                lambda: x.reshape(6, 4)[m.from_numpy(np.ones((6, 3), bool))]):
+        with pytest.raises(IndexError) as info:
+            bad()
+        errors.append(str(info.value))
+    return shapes, float(y.sum()), errors
+
+
+def test_zero_d_mask_next_to_index_arrays_is_one_of_them():
+    shapes, total, errors = _zero_d_mask_next_to_index_arrays(ca)
+    assert shapes == [(2, 4, 2), (2, 4, 2), (2, 4, 2), (2, 3, 2), (2, 2)]
+    assert total == sum(range(24)) - sum(range(8)) - sum(range(16, 24)) + 2 * 16  # rows 0, 2 = 2
+    assert errors[:2] == ["shape mismatch: indexing tensors could not be broadcast together "
+                          "with shapes [0], [2]"] * 2
+    assert errors[2] == ("The shape of the mask [6, 3] at index 1 does not match the shape of "
+                         "the indexed tensor [6, 4] at index 1")
+
+
+@needs_torch
+def test_zero_d_mask_next_to_index_arrays_is_one_of_them_torch():
+    assert _zero_d_mask_next_to_index_arrays(ca) == _zero_d_mask_next_to_index_arrays(torch)

@@ -56,6 +56,12 @@ def test_the_comparison_fails_on_a_wrong_gradient():
     assert "1 of 2 differ" in fuzz_programs.compare(off, ours, 1e-10, 1e-12)
     assert "None vs a gradient" in fuzz_programs.compare(
         {"v0": None, "v1": None}, ours, 1e-10, 1e-12)
+    inf = {"v0": np.array([np.inf, np.nan]), "v1": None}
+    assert fuzz_programs.compare(inf, inf, 1e-10, 1e-12) is None
+    assert "1 of 2 differ" in fuzz_programs.compare({"v0": np.array([1.0, np.nan]), "v1": None},
+                                                    inf, 1e-10, 1e-12)
+    assert "float32" in fuzz_programs.compare(
+        {"v0": np.array([1.0, 2.0], np.float32), "v1": None}, ours, 1e-10, 1e-12)
 
 
 def test_a_program_shrinks_and_still_runs():
