@@ -15,6 +15,8 @@ equals ``apply``; the tracer's subclass swaps in graph proxies.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from compiled_autograd import native_walk
@@ -236,6 +238,11 @@ class SwapSavedVariables:
     def sizes(self, owner, shapes):
         """The shapes a node's formula sees (symbolic where sizes are dynamic)."""
         return shapes
+
+    def user_code(self):
+        """A context for running user code (a custom Function's backward): what it
+        reads of a traced shape is specialised (TraceSwap)."""
+        return contextlib.nullcontext()
 
     def scalar(self, owner, value):
         """The value a node's formula sees for a saved Python float."""

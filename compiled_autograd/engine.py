@@ -188,14 +188,24 @@ class GraphTask:
         return self.exec_info is None or self.exec_info.get(fn, False)
 
 
-def _validate(fn, grads):
+def expected_shapes(fn):
+    """The shape each of ``fn``'s gradients must have: its next nodes' input
+    metadata (None for an edge to nothing)."""
+    return [None if nxt is None else nxt.input_metadata[nr][0] for nxt, nr in fn.next_functions]
+
+
+def _validate(fn, grads, shapes=None):
     """Reduce/complain about gradients whose shape or dtype does not match
-    (torch's validate_outputs), for gradients coming from user code."""
+    (torch's validate_outputs), for gradients coming from user code. ``shapes``:
+    the tracer's expected shapes (symbolic where sizes are dynamic); by default
+    ``expected_shapes(fn)``."""
     out = list(grads)
     for i, ((nxt, nr), g) in enumerate(zip(fn.next_functions, grads)):
         if nxt is None or g is None:
             continue
         shape, dtype = nxt.input_metadata[nr]
+        if shapes is not None:
+            shape = shapes[i]
         if tuple(g.shape) != tuple(shape):
             try:  # the project's broadcast rule: keeps symbolic sizes (tracing)
                 ok = len(g.shape) >= len(shape) and broadcast_shapes(

@@ -132,7 +132,8 @@ class FunctionBackward(Node):
         for k, v in originals.items():
             self.__dict__[k] = _lift(v, saved)
         try:
-            result = self._forward_cls.backward(self, *self._grads_in(grads))
+            with saved.user_code():
+                result = self._forward_cls.backward(self, *self._grads_in(grads))
             return self._grads_out(result, keep_tensors=True)
         finally:
             self._swapped = None

@@ -8,9 +8,16 @@ expressions evaluated at run time. Everything else a trace does with a symbolic 
 -- compare it, turn it into a Python int -- records a *guard* (the same comparison
 must give the same answer), and a cache lookup re-checks every guard: a graph is
 reused only for sizes on which it was traced correctly.
+
+The one hole: a Python ``float`` on the *left* of a SymInt (``1.0 / n``) reads its
+int value without asking it (``float.__truediv__`` accepts any int), so no guard is
+recorded. Derivative formulas, which meet symbolic sizes, must not do that
+(``float(n)`` first guards it); user code never meets one: a traced Tensor's
+shape read inside a custom Function's backward is specialised (tracer.Proxy).
 """
 from __future__ import annotations
 
+import numbers
 import threading
 
 _state = threading.local()
@@ -140,12 +147,17 @@ def _install_operators(cls, ops, types):
     def arith(op):
         def forward(self, other):
             if not _operand(other, types):
+                if isinstance(other, numbers.Real) and not is_symbolic(other):
+                    # a float for a SymInt, numpy's numbers: leaves the symbolic world
+                    return _BINOPS[op](self._specialize(), other)
                 return NotImplemented
             return cls(_BINOPS[op](hint(self), hint(other)),
                        (op, expr_of(self), expr_of(other)))
 
         def reflected(self, other):
             if not _operand(other, types):
+                if isinstance(other, numbers.Real) and not is_symbolic(other):
+                    return _BINOPS[op](other, self._specialize())
                 return NotImplemented
             return cls(_BINOPS[op](hint(other), hint(self)),
                        (op, expr_of(other), expr_of(self)))
@@ -159,10 +171,27 @@ def _install_operators(cls, ops, types):
             return _record(expr_of(self), op, expr_of(other), result)
         return method
 
+    def specialised(name):
+        method = getattr(cls.__mro__[1], name)     # int's or float's own
+
+        def specialise(self, *args):
+            return method(cls.__mro__[1](self._specialize()), *args)
+        return specialise
+
     for op, name in ops:
         forward, reflected = arith(op)
         setattr(cls, f"__{name}__", forward)
         setattr(cls, f"__r{name}__", reflected)
+    cls.__neg__ = lambda self: cls(-hint(self), ("*", -1, expr_of(self)))
+    # Any other arithmetic leaves the symbolic world: its operand is pinned by a guard.
+    for name in ("__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
+                 "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__pos__",
+                 "__abs__", "__round__", "__trunc__", "__floor__", "__ceil__", "__float__",
+                 "__int__", "__bool__", "__lshift__", "__rlshift__", "__rshift__",
+                 "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+                 "__rxor__", "__invert__"):
+        if hasattr(cls.__mro__[1], name) and name not in cls.__dict__:
+            setattr(cls, name, specialised(name))
     for op, name in (("==", "eq"), ("!=", "ne"), ("<", "lt"), ("<=", "le"), (">", "gt"),
                      (">=", "ge")):
         setattr(cls, f"__{name}__", compare(op))
@@ -227,6 +256,10 @@ class SymFloat(float):
     @classmethod
     def scalar(cls, value, position):
         return cls(value, ("c", position))
+
+    def _specialize(self):
+        _record(self.expr, "==", self._hint, True)
+        return self._hint
 
 
     def __repr__(self):

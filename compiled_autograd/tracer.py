@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from compiled_autograd import engine, native_walk
@@ -47,7 +49,16 @@ class Proxy(Tensor):
         tracer = next(a.tracer for a in args if isinstance(a, Proxy))
         return tracer.call_prim(prim, args, params)
 
-    shape = property(lambda self: tuple(self.node.meta["shape"]))
+    @property
+    def shape(self):
+        shape = tuple(self.node.meta["shape"])
+        if self.tracer.user_code:
+            # A custom Function's backward may compute with a size in ways that
+            # cannot stay symbolic (1.0 / n): it sees plain ints, each symbolic
+            # one pinned by a guard.
+            return tuple(int(d) for d in shape)
+        return shape
+
     # numel/len of a symbolic shape specialise it (with a guard), which is correct.
     dtype = property(lambda self: self.node.meta["dtype"])
     ndim = property(lambda self: len(self.node.meta["shape"]))
@@ -89,6 +100,7 @@ class Tracer:
                       for name in BOXED}
         self.constants: list = []   # arrays baked into this graph (lifted into inputs)
         self.source = None
+        self.user_code = 0          # > 0 while a custom Function's backward runs
         self._proxies: dict = {}
 
     # ---------------------------------------------------------- node builders
@@ -259,6 +271,14 @@ class TraceSwap(SwapSavedVariables):
     def sizes(self, owner, shapes):
         return self.tracer.sizes(owner, shapes)
 
+    @contextlib.contextmanager
+    def user_code(self):
+        self.tracer.user_code += 1
+        try:
+            yield
+        finally:
+            self.tracer.user_code -= 1
+
     def scalar(self, owner, value):
         return self.tracer.scalar(owner, value)
 
@@ -363,6 +383,10 @@ def _collect_node(args, fn, edges, runs=True):
                 args.collect_hook(kind, nr, h)
     if runs:
         fn.compiled_args(args)
+        if engine._needs_validation(fn):
+            # What user code must return: symbolic where dynamic, as the sizes
+            # the returned gradients are checked against (tracer.visit).
+            args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
         if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
             args.release_nodes.append(fn)
         args.key.append(("edges", tuple(edges)))
@@ -435,7 +459,8 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset()):
         outputs = fn.apply_with_saved(grads, swap)
         outputs = _post_hooks(tracer, fn, outputs, grads)
         if outputs and engine._needs_validation(fn):
-            outputs = engine._validate(fn, outputs)
+            shapes = swap.sizes(("validate", id(fn)), engine.expected_shapes(fn))
+            outputs = engine._validate(fn, outputs, shapes)
         return tuple(outputs)
 
     engine.walk(task, root_proxies, visit)

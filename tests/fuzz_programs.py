@@ -16,10 +16,11 @@ halves one intermediate's gradient, ``retain_grad`` on another); "offload"
 (``save_on_disk``; ca only); "grad" (``autograd.grad`` for some leaves).
 
     python tests/fuzz_programs.py --count 500 [--start 0] [--dtype float64]
-                                  [--backends python,c] [--torch]
+                                  [--backends python,c] [--torch] [--dynamic]
 
 compares every backend with eager autograd (and eager with torch, ``--torch``) on
-``count`` programs and prints each failing seed; ``show(seed)`` prints a program.
+``count`` programs and prints each failing seed (``--dynamic``: each program at
+three sizes in a row, ``check_dynamic``); ``show(seed)`` prints a program.
 tests/test_fuzz_backends.py runs a fixed set of seeds.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Program:
     seed: int
     leaves: list                    # numpy float64 arrays
     leaf_grad: list                 # requires_grad per leaf
+    dims: tuple = ()                # the leaves' sizes a, b, c
     steps: list = field(default_factory=list)   # (op name, operand indices, params)
     values: list = field(default_factory=list)  # Value per pool entry
     weights: dict = field(default_factory=dict)  # sink index -> loss weights
@@ -96,6 +98,7 @@ def _one(ok=lambda v: True, params=lambda rng, v: {}):
     def pick(rng, pool):
         i = _recent(rng, pool, ok)
         return None if i is None else ([i], params(rng, pool[i]))
+    pick.params = params            # (resize: the arrays again, for other shapes)
     return pick
 
 
@@ -106,6 +109,7 @@ def _two(ok_first, ok_pair, params=lambda rng, a, b: {}):
             return None
         j = _partner(rng, pool, i, ok_pair)
         return None if j is None else ([i, j], params(rng, pool[i], pool[j]))
+    pick.params = params
     return pick
 
 
@@ -138,8 +142,9 @@ def F(m):
 _FUNCTIONS: dict = {}
 
 
-def _square_function(m):
-    """A custom autograd.Function (the same class body for ca and torch)."""
+def _functions(m):
+    """Custom autograd.Functions (the same class bodies for ca and torch): one
+    that saves its input, one whose backward computes with a size."""
     if m not in _FUNCTIONS:
         class Square(m.autograd.Function):
             @staticmethod
@@ -151,7 +156,16 @@ def _square_function(m):
             def backward(ctx, grad):
                 (x,) = ctx.saved_tensors
                 return grad * 2.0 * x
-        _FUNCTIONS[m] = Square
+
+        class PerRow(m.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * (1.0 / x.shape[-1])
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * (1.0 / grad.shape[-1])
+        _FUNCTIONS[m] = {"square": Square, "per_row": PerRow}
     return _FUNCTIONS[m]
 
 
@@ -220,7 +234,8 @@ OPS = {
     "log_sq1": (_one(_small), lambda m, xs, p: (xs[0] * xs[0] + 1.0).log()),
     "sqrt_sq": (_one(_small), lambda m, xs, p: (xs[0] * xs[0] + 0.5).sqrt()),
     "clamp": (_one(), lambda m, xs, p: xs[0].clamp(-0.8, 0.8)),
-    "square_fn": (_one(_small), lambda m, xs, p: _square_function(m).apply(xs[0])),
+    "square_fn": (_one(_small), lambda m, xs, p: _functions(m)["square"].apply(xs[0])),
+    "per_row_fn": (_one(_rank(1, 2, 3)), lambda m, xs, p: _functions(m)["per_row"].apply(xs[0])),
     # elementwise, two operands (of one shape, or broadcast)
     "add": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] + xs[1]),
     "sub": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] - xs[1]),
@@ -373,16 +388,19 @@ OPS = {
 # ------------------------------------------------------------------ generating
 
 
+def _leaf_shapes(a, b, c):
+    return [(a, b), (a, b), (b, c), (b,), (c, b), (a, b)]
+
+
 def generate(seed, n_steps=None):
     """A program: leaves, then steps, each run in ca (float64, no grad) as it is
     picked, so every value's shape is known."""
     import compiled_autograd as ca
     rng = np.random.default_rng(seed)
-    a, b, c = (int(n) for n in rng.integers(2, 6, size=3))
-    shapes = [(a, b), (a, b), (b, c), (b,), (c, b), (a, b)]
-    leaves = [rng.standard_normal(s) for s in shapes]
+    dims = tuple(int(n) for n in rng.integers(2, 6, size=3))
+    leaves = [rng.standard_normal(s) for s in _leaf_shapes(*dims)]
     leaf_grad = [True] * 5 + [False]            # the last leaf is a constant
-    prog = Program(seed, leaves, leaf_grad)
+    prog = Program(seed, leaves, leaf_grad, dims)
     pool = [ca.from_numpy(x.copy()) for x in leaves]
     prog.values = [Value(x.shape, g, float(np.abs(x).max())) for x, g in zip(leaves, leaf_grad)]
     names = sorted(OPS)
@@ -415,6 +433,40 @@ def generate(seed, n_steps=None):
     return prog
 
 
+def resize(prog, grow):
+    """The same program on leaves whose sizes a, b, c are each ``grow`` larger (new
+    values; masks and index arrays drawn again for the new shapes, every other
+    parameter kept), or None where it does not fit: a step that fails, changes
+    rank, is empty or is not finite. For the dynamic-shape check."""
+    import compiled_autograd as ca
+    rng = np.random.default_rng([prog.seed, grow])
+    dims = tuple(n + grow for n in prog.dims)
+    leaves = [rng.standard_normal(s) for s in _leaf_shapes(*dims)]
+    out = Program(prog.seed, leaves, prog.leaf_grad, dims)
+    pool = [ca.from_numpy(x.copy()) for x in leaves]
+    out.values = [Value(x.shape, g, float(np.abs(x).max())) for x, g in zip(leaves, prog.leaf_grad)]
+    for name, args, params in prog.steps:
+        pick, apply = OPS[name]
+        arrays = [k for k, v in params.items() if isinstance(v, np.ndarray)]
+        if arrays:
+            fresh = pick.params(rng, *[out.values[i] for i in args])
+            params = {**params, **{k: fresh[k] for k in arrays}}
+        try:
+            with ca.no_grad():
+                y = apply(ca, [pool[i] for i in args], params)
+        except Exception:
+            return None
+        array = y.numpy()
+        before = prog.values[len(out.values)]
+        if array.ndim != len(before.shape) or array.size == 0 or not np.all(np.isfinite(array)):
+            return None
+        out.steps.append((name, args, params))
+        pool.append(y)
+        out.values.append(Value(array.shape, before.requires_grad, float(np.abs(array).max())))
+    out.weights = {i: rng.standard_normal(out.values[i].shape) for i in prog.weights}
+    return out
+
+
 def show(seed):
     print(generate(seed))
 
@@ -436,7 +488,7 @@ def without(prog, drop):
         new_index[n + j] = len(values)
         steps.append((name, [new_index[a] for a in args], params))
         values.append(prog.values[n + j])
-    out = Program(prog.seed, prog.leaves, prog.leaf_grad, steps, values)
+    out = Program(prog.seed, prog.leaves, prog.leaf_grad, prog.dims, steps, values)
     used = {a for _, args, _ in steps for a in args}
     rng = np.random.default_rng(len(steps))
     for old, w in prog.weights.items():
@@ -486,9 +538,10 @@ def _steps(m, prog, pool, steps):
     return pool
 
 
-def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1.0):
+def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1.0,
+        dynamic=False):
     """Replay ``prog`` in ``lib`` ("ca" or "torch") on its leaves times ``scale``
-    and differentiate its loss, under ``compiled_backward(backend)`` when a
+    and differentiate its loss, under ``compiled_backward(backend, dynamic)`` when a
     backend is given. Returns {name: gradient array} for the leaves (and the
     retained intermediate)."""
     m = _module(lib)
@@ -528,7 +581,7 @@ def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1
     wanted = [i for i in range(n) if prog.leaf_grad[i]]
     if variant == "grad":
         wanted = wanted[::2]
-    compiled = (_module("ca").compiled_backward(backend=backend) if backend
+    compiled = (_module("ca").compiled_backward(backend=backend, dynamic=dynamic) if backend
                 else contextlib.nullcontext())
     with compiled:
         if variant == "grad":
@@ -608,6 +661,32 @@ def check(seed, variant, backends=("python", "c"), dtype=np.float64, with_torch=
     return problems
 
 
+def check_dynamic(seed, variant, backends=("python", "c"), dtype=np.float64):
+    """Messages for every backend that differs from eager on program ``seed`` run
+    at three sizes in a row (its own, then resized by 1 and by 2), from an empty
+    cache: with ``dynamic=True`` (the first compile is symbolic, the others should
+    hit it) and without (the second call compiles the sizes that changed as
+    symbolic, the third should hit that). None when the program does not resize."""
+    import compiled_autograd as ca
+    progs = [generate(seed)]
+    progs += [resize(progs[0], grow) for grow in (1, 2)]
+    if any(p is None for p in progs):
+        return None
+    problems = []
+    for backend in backends:
+        for dynamic in (False, True):
+            ca.reset_compiled_autograd()
+            for k, prog in enumerate(progs):
+                got = run(prog, "ca", dtype, variant, backend, dynamic=dynamic)
+                diff = compare(got, run(prog, "ca", dtype, variant), *BACKEND_TOL[dtype])
+                if diff:
+                    problems.append(f"backend {backend!r}, dynamic={dynamic}, call {k + 1} "
+                                    f"(sizes {prog.dims}): {diff}")
+                    break
+    ca.reset_compiled_autograd()
+    return problems
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=200)
@@ -615,21 +694,31 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float64", choices=("float32", "float64"))
     parser.add_argument("--backends", default="python,c")
     parser.add_argument("--torch", action="store_true", help="also compare eager with torch")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="run each program at three sizes (check_dynamic) instead")
     args = parser.parse_args(argv)
     dtype = np.float32 if args.dtype == "float32" else np.float64
-    failures = 0
+    backends = tuple(args.backends.split(","))
+    failures = skipped = 0
     for seed in range(args.start, args.start + args.count):
         variant = VARIANTS[seed % len(VARIANTS)]
         try:
-            problems = check(seed, variant, tuple(args.backends.split(",")), dtype, args.torch)
+            if args.dynamic:
+                problems = check_dynamic(seed, variant, backends, dtype)
+            else:
+                problems = check(seed, variant, backends, dtype, args.torch)
         except Exception as e:   # report and go on: every seed is a separate case
             problems = [f"raised {type(e).__name__}: {e}"]
-        if problems:
+        if problems is None:
+            skipped += 1
+        elif problems:
             failures += 1
             print(f"seed {seed} ({variant}):")
             for p in problems:
                 print(f"    {p}")
-    print(f"{failures} of {args.count} programs differ")
+    ran = args.count - skipped
+    print(f"{failures} of {ran} programs differ"
+          + (f" ({skipped} more do not fit other sizes)" if skipped else ""))
     return 1 if failures else 0
 
 

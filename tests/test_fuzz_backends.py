@@ -3,8 +3,9 @@ and eager against torch, on a fixed set of seeds. Each seed is a program of 6-30
 ops over a pool of values (views, in-place ops, reductions, matmuls, indexing,
 a custom Function) wrapped in one variant (checkpoint, saved-tensor hooks,
 tensor hooks, offload, autograd.grad), run twice per backend (a compile, then a
-cache hit on other values). Bugs it found are kept as named tests in
-test_c_backend.py and test_edge_semantics.py.
+cache hit on other values), and at three sizes in a row (dynamic shapes). Bugs
+it found are kept as named tests in test_c_backend.py, test_edge_semantics.py and
+test_dynamic_shapes.py.
 
 More seeds: ``python tests/fuzz_programs.py --count 2000 --torch``."""
 import numpy as np
@@ -30,11 +31,10 @@ def test_backends_match_eager_in_float64(seed):
     assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
 
 
-# Seeds whose programs found a bug. With today's op table only 157 still makes the
-# program that found its bug (GCC's masked loads; float32 seed 1010 below also
-# catches the scatter-over-its-output merge). 5, 34, 68, 291 and 383 found theirs
-# (an unreached input, that merge, a 0-d mask, a no-op view, std at zero) with an
-# earlier, smaller table: they are now just more programs, and the named tests in
+# Seeds whose programs found a bug (an unreached input, a scatter over its own
+# output, a 0-d mask, a no-op view, GCC's masked loads, std at zero). Each seed
+# made its program from the op table of its day; the table has grown since
+# (per_row_fn), so they are now just more programs: the named tests in
 # test_c_backend.py and test_edge_semantics.py guard those bugs.
 FOUND_BUGS = (5, 34, 68, 157, 291, 383)
 
@@ -49,6 +49,26 @@ def test_backends_match_eager_in_float32(seed):
     with np.errstate(all="ignore"):
         problems = fuzz_programs.check(seed, _variant(seed), BACKENDS, np.float32)
     assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("seed", range(2000, 2030))
+def test_backends_match_eager_across_sizes(seed):
+    # The program at its sizes, then 1 and 2 larger: with dynamic=True, and with
+    # the sizes that changed made dynamic by the cache (fuzz_programs.check_dynamic).
+    with np.errstate(all="ignore"):
+        problems = fuzz_programs.check_dynamic(seed, _variant(seed), BACKENDS)
+    if problems is None:
+        pytest.skip("the program does not fit other sizes")
+    assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
+
+
+def test_a_program_resizes():
+    prog = fuzz_programs.generate(2001)
+    bigger = fuzz_programs.resize(prog, 2)
+    assert [name for name, _, _ in bigger.steps] == [name for name, _, _ in prog.steps]
+    assert bigger.dims == tuple(n + 2 for n in prog.dims)
+    assert [len(v.shape) for v in bigger.values] == [len(v.shape) for v in prog.values]
+    assert bigger.values[0].shape != prog.values[0].shape
 
 
 def test_the_comparison_fails_on_a_wrong_gradient():

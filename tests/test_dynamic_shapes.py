@@ -1,0 +1,88 @@
+"""Dynamic shapes: a graph traced with symbolic sizes is reused only where it is
+right. User code that computes with a size is specialised; user code and hooks
+that only pass gradients on keep the graph dynamic; arithmetic that cannot stay
+symbolic records a guard."""
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
+from helpers import _has_cc
+
+pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
+
+BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
+
+
+class PerRow(ca.autograd.Function):
+    """Its backward computes with a size: 1.0 / n cannot stay symbolic."""
+    @staticmethod
+    def forward(ctx, x):
+        return x * (1.0 / x.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (1.0 / grad.shape[-1])
+
+
+class Double(ca.autograd.Function):
+    """Its backward reads no size."""
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2.0
+
+
+def _sweep(backend, loss_of, sizes, dynamic):
+    ca.reset_compiled_autograd()
+    for n in sizes:
+        x = ca.tensor(np.linspace(-1.0, 1.0, 2 * n).reshape(2, n), requires_grad=True)
+        x_eager = x.detach().requires_grad_()
+        loss_of(x_eager).backward()
+        with ca.compiled_backward(backend=backend, dynamic=dynamic):
+            loss_of(x).backward()
+        np.testing.assert_allclose(x.grad.numpy(), x_eager.grad.numpy(), rtol=1e-6)
+    return ca.compiled_autograd_stats()["compiles"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_custom_backward_that_computes_with_a_size_is_specialised(backend, dynamic):
+    # Before: the graph traced at n=3 baked 1/3 and was reused at n=4 and 5.
+    compiles = _sweep(backend, lambda x: (PerRow.apply(x) * x).sum(), (3, 4, 5), dynamic)
+    assert compiles == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_custom_backward_that_reads_no_size_stays_dynamic(backend):
+    # Its gradients are checked against its inputs' shapes: symbolic ones.
+    assert _sweep(backend, lambda x: (Double.apply(x) * x).sum(), (3, 4, 5), True) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_post_hook_keeps_the_graph_dynamic(backend):
+    def loss_of(x):
+        y = x.exp()
+        y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: (grad_inputs[0] * 3.0,))
+        return (y * x).sum()
+    assert _sweep(backend, loss_of, (3, 4, 5), True) == 1
+
+
+def test_arithmetic_that_cannot_stay_symbolic_records_a_guard():
+    with ShapeEnv() as env:
+        n, c = SymInt.size(3, 0), SymFloat.scalar(0.5, 1)
+        kept = {"n + 1": n + 1, "n * 2": n * 2, "-n": -n, "n * c": n * c, "c / n": c / n,
+                "-c": -c}
+        assert all(hasattr(v, "expr") for v in kept.values()), kept
+        assert env.guards == []
+        pinned = {"n * 0.5": (lambda: n * 0.5, 1.5), "n / 2": (lambda: n / 2, 1.5),
+                  "n ** 2": (lambda: n ** 2, 9), "abs(n)": (lambda: abs(n), 3),
+                  "n % 2": (lambda: n % 2, 1), "n * np.int64(2)": (lambda: n * np.int64(2), 6),
+                  "c ** 2": (lambda: c ** 2, 0.25), "float(c)": (lambda: float(c), 0.5)}
+        for name, (f, value) in pinned.items():
+            before = len(env.guards)
+            assert f() == value and not hasattr(f(), "expr"), name
+            assert len(env.guards) > before, f"{name} recorded no guard"
