@@ -154,9 +154,10 @@ class CompiledNodeArgs:
         """A Tensor a node's backward reads that is not a saved variable (a custom
         Function's ctx attribute)."""
         self.key.append(("tensor", tensor.dtype))
-        self.collect_sizes((tensor.shape,), owner=tensor)
+        where = ("tensor", id(tensor))   # (not id(tensor): the same Tensor may be a leaf)
+        self.collect_sizes((tensor.shape,), owner=where)
         if self.record:
-            self.slot[id(tensor)] = ("inputs", len(self.inputs))
+            self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
     def collect_hook(self, kind, nr, hook) -> None:

@@ -213,14 +213,16 @@ class Tracer:
         return p
 
     def lifted_proxy(self, obj, kind=None):
-        """The graph value of a leaf Tensor or a ctx Tensor attribute."""
-        p = self._proxies.get(id(obj))
+        """The graph value of a leaf Tensor (kind "leaf": the Tensor itself, whose
+        .grad an accumulation writes) or of a ctx Tensor attribute (its values)."""
+        where = id(obj) if kind == "leaf" else ("tensor", id(obj))
+        p = self._proxies.get(where)
         if p is None:
-            _, i = self.collected.slot[id(obj)]
-            (shape,) = self.sizes(obj, (obj.shape,))
+            _, i = self.collected.slot[where]
+            (shape,) = self.sizes(obj if kind == "leaf" else where, (obj.shape,))
             node = self.getitem("inputs", self.input_index(i), shape, obj.dtype,
                                 name="leaf" if kind == "leaf" else "input", kind=kind)
-            p = self._proxies[id(obj)] = Proxy(self, node)
+            p = self._proxies[where] = Proxy(self, node)
         return p
 
     def next_hook(self, hook):

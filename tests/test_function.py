@@ -1,10 +1,12 @@
 """Custom autograd.Function: saved tensors, non-tensor arguments, several outputs,
 needs_input_grad, mark_non_differentiable, errors; compared with torch."""
+import contextlib
+
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import assert_close, needs_torch, torch
+from helpers import _has_cc, assert_close, needs_torch, torch
 
 
 def _define(m):
@@ -221,3 +223,27 @@ def test_saved_tensor_hooks_apply_to_function_saves():
     assert len(packed) == 1 and packed[0] is x
     out.sum().backward()
     assert_close(x.grad.numpy(), [2.0, 6.0])
+
+
+@pytest.mark.parametrize("backend", ["eager", "python"] + (["c"] if _has_cc() else []))
+def test_a_ctx_attribute_that_is_also_a_leaf(backend):
+    # The leaf's accumulation needs the Tensor (for .grad), the backward its
+    # values: the compiled backward once handed the accumulation the array.
+    class Scale(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.w = w
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.w, None
+
+    def grads(compiled):
+        x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        w = ca.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        with ca.compiled_backward(backend=backend) if compiled else contextlib.nullcontext():
+            (Scale.apply(x, w) * w).sum().backward()
+        return x.grad.numpy(), w.grad.numpy()
+    for want, got in zip(grads(False), grads(True)):
+        np.testing.assert_allclose(got, want)
