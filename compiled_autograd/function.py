@@ -69,16 +69,26 @@ class FunctionBackward(Node):
     def saved_variables(self):
         return [sv for sv in (self._saved or ()) if sv is not None]
 
-    def _grads_in(self, grads):
-        """Engine gradients -> the Tensors the user's backward receives."""
+    def _grads_in(self, grads, shapes=None):
+        """Engine gradients -> the Tensors the user's backward receives. A missing
+        one is zeros (materialize_grads); ``shapes``, the tracer's (symbolic where
+        dynamic), makes them a graph value of that shape."""
         from compiled_autograd.tensor import Tensor
+        from runtime.prims import ops
+        like = next((g for g in grads if g is not None), None)
         out = []
-        for g, meta in zip(grads, self.input_metadata):
+        for i, (g, meta) in enumerate(zip(grads, self.input_metadata)):
             if g is None and self.materialize_grads and meta is not None:
-                g = np.zeros(*meta)
-                on_array(g, "materialized_grad")
+                if shapes is not None and like is not None:
+                    g = ops.full_like(like, value=0, shape=shapes[i], dtype=meta[1])
+                else:
+                    g = np.zeros(*meta)
+                    on_array(g, "materialized_grad")
             out.append(g if g is None or isinstance(g, Tensor) else Tensor._make(g))
         return out
+
+    def _output_shapes(self):
+        return [None if m is None else m[0] for m in self.input_metadata]
 
     def _grads_out(self, result, keep_tensors):
         """The user's returned gradients -> one per forward argument."""
@@ -114,7 +124,7 @@ class FunctionBackward(Node):
         args.collect(self._forward_cls)  # keyed by class identity
         args.collect(self.needs_input_grad)
         args.collect(self.materialize_grads)
-        args.collect_sizes([None if m is None else m[0] for m in self.input_metadata])
+        args.collect_sizes(self._output_shapes(), owner=self)
         for key, value in self._user_attrs():
             # What backward reads from ctx is baked into the trace: key it by value.
             args.collect((key, _freeze(value, args)))
@@ -132,8 +142,9 @@ class FunctionBackward(Node):
         for k, v in originals.items():
             self.__dict__[k] = _lift(v, saved)
         try:
+            grads_in = self._grads_in(grads, saved.sizes(self, self._output_shapes()))
             with saved.user_code():
-                result = self._forward_cls.backward(self, *self._grads_in(grads))
+                result = self._forward_cls.backward(self, *grads_in)
             return self._grads_out(result, keep_tensors=True)
         finally:
             self._swapped = None

@@ -9,11 +9,13 @@ expressions evaluated at run time. Everything else a trace does with a symbolic 
 must give the same answer), and a cache lookup re-checks every guard: a graph is
 reused only for sizes on which it was traced correctly.
 
-The one hole: a Python ``float`` on the *left* of a SymInt (``1.0 / n``) reads its
-int value without asking it (``float.__truediv__`` accepts any int), so no guard is
-recorded. Derivative formulas, which meet symbolic sizes, must not do that
-(``float(n)`` first guards it); user code never meets one: a traced Tensor's
-shape read inside a custom Function's backward is specialised (tracer.Proxy).
+The holes: whatever reads the number inside an ``int`` or ``float`` without asking
+it records no guard -- a Python float on the *left* (``1.0 / n``:
+``float.__truediv__`` accepts any int), ``range(n)``, indexing and numpy (an int
+subclass is its own ``__index__``), ``math.exp(c)``. Derivative formulas, which
+meet symbolic sizes, must not do that (``float(n)`` first guards it); user code
+never meets one: inside a custom Function's backward a traced Tensor's shape is
+plain ints, each pinned by a guard (tracer.Proxy).
 """
 from __future__ import annotations
 
@@ -175,6 +177,7 @@ def _install_operators(cls, ops, types):
         method = getattr(cls.__mro__[1], name)     # int's or float's own
 
         def specialise(self, *args):
+            args = tuple(a._specialize() if is_symbolic(a) else a for a in args)
             return method(cls.__mro__[1](self._specialize()), *args)
         return specialise
 
@@ -182,12 +185,14 @@ def _install_operators(cls, ops, types):
         forward, reflected = arith(op)
         setattr(cls, f"__{name}__", forward)
         setattr(cls, f"__r{name}__", reflected)
-    cls.__neg__ = lambda self: cls(-hint(self), ("*", -1, expr_of(self)))
-    # Any other arithmetic leaves the symbolic world: its operand is pinned by a guard.
+    if cls.__mro__[1] is float:
+        # (Not for sizes: the C backend's / is Python's // only for sizes >= 0.)
+        cls.__neg__ = lambda self: cls(-hint(self), ("*", -1, expr_of(self)))
+    # Any other arithmetic leaves the symbolic world: its operands are pinned by guards.
     for name in ("__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
-                 "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__pos__",
-                 "__abs__", "__round__", "__trunc__", "__floor__", "__ceil__", "__float__",
-                 "__int__", "__bool__", "__lshift__", "__rlshift__", "__rshift__",
+                 "__rmod__", "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__neg__",
+                 "__pos__", "__abs__", "__round__", "__trunc__", "__floor__", "__ceil__",
+                 "__float__", "__int__", "__bool__", "__lshift__", "__rlshift__", "__rshift__",
                  "__rrshift__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
                  "__rxor__", "__invert__"):
         if hasattr(cls.__mro__[1], name) and name not in cls.__dict__:

@@ -539,7 +539,7 @@ def _steps(m, prog, pool, steps):
 
 
 def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1.0,
-        dynamic=False):
+        dynamic=False, unpack="progressive"):
     """Replay ``prog`` in ``lib`` ("ca" or "torch") on its leaves times ``scale``
     and differentiate its loss, under ``compiled_backward(backend, dynamic)`` when a
     backend is given. Returns {name: gradient array} for the leaves (and the
@@ -581,8 +581,8 @@ def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1
     wanted = [i for i in range(n) if prog.leaf_grad[i]]
     if variant == "grad":
         wanted = wanted[::2]
-    compiled = (_module("ca").compiled_backward(backend=backend, dynamic=dynamic) if backend
-                else contextlib.nullcontext())
+    compiled = (_module("ca").compiled_backward(backend=backend, dynamic=dynamic, unpack=unpack)
+                if backend else contextlib.nullcontext())
     with compiled:
         if variant == "grad":
             grads = m.autograd.grad(loss, [pool[i] for i in wanted], allow_unused=True)
@@ -635,21 +635,22 @@ TORCH_TOL = (1e-7, 1e-12)
 HIT_SCALE = 0.9
 
 
-def check(seed, variant, backends=("python", "c"), dtype=np.float64, with_torch=False):
+def check(seed, variant, backends=("python", "c"), dtype=np.float64, with_torch=False,
+          unpack="progressive"):
     """Messages for every backend (and torch) that differs from eager on program
     ``seed`` under ``variant``; empty when all agree. Torch runs in float64."""
     prog = generate(seed)
     reference = run(prog, "ca", dtype, variant)
     problems = []
     for backend in backends:
-        got = run(prog, "ca", dtype, variant, backend)
+        got = run(prog, "ca", dtype, variant, backend, unpack=unpack)
         diff = compare(got, reference, *BACKEND_TOL[dtype])
         if diff:
             problems.append(f"backend {backend!r}: {diff}")
             continue
         # Again on other values: a cache hit (unless the graph is not cacheable)
         # must use this call's values, not the first call's.
-        got = run(prog, "ca", dtype, variant, backend, scale=HIT_SCALE)
+        got = run(prog, "ca", dtype, variant, backend, scale=HIT_SCALE, unpack=unpack)
         diff = compare(got, run(prog, "ca", dtype, variant, scale=HIT_SCALE), *BACKEND_TOL[dtype])
         if diff:
             problems.append(f"backend {backend!r}, second call: {diff}")
@@ -694,6 +695,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float64", choices=("float32", "float64"))
     parser.add_argument("--backends", default="python,c")
     parser.add_argument("--torch", action="store_true", help="also compare eager with torch")
+    parser.add_argument("--unpack", default="progressive", choices=("progressive", "upfront"))
     parser.add_argument("--dynamic", action="store_true",
                         help="run each program at three sizes (check_dynamic) instead")
     args = parser.parse_args(argv)
@@ -706,7 +708,7 @@ def main(argv=None):
             if args.dynamic:
                 problems = check_dynamic(seed, variant, backends, dtype)
             else:
-                problems = check(seed, variant, backends, dtype, args.torch)
+                problems = check(seed, variant, backends, dtype, args.torch, args.unpack)
         except Exception as e:   # report and go on: every seed is a separate case
             problems = [f"raised {type(e).__name__}: {e}"]
         if problems is None:
