@@ -144,7 +144,8 @@ _FUNCTIONS: dict = {}
 
 def _functions(m):
     """Custom autograd.Functions (the same class bodies for ca and torch): one
-    that saves its input, one whose backward computes with a size."""
+    that saves its input, one whose backward computes with a size, one that keeps
+    its operands as ctx attributes."""
     if m not in _FUNCTIONS:
         class Square(m.autograd.Function):
             @staticmethod
@@ -165,7 +166,18 @@ def _functions(m):
             @staticmethod
             def backward(ctx, grad):
                 return grad * (1.0 / grad.shape[-1])
-        _FUNCTIONS[m] = {"square": Square, "per_row": PerRow}
+        class MulByAttributes(m.autograd.Function):
+            # Its operands kept as ctx attributes (not saved tensors): either may
+            # be a leaf, whose accumulation needs the Tensor itself.
+            @staticmethod
+            def forward(ctx, x, y):
+                ctx.x, ctx.y = x, y
+                return x * y
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * ctx.y, grad * ctx.x
+        _FUNCTIONS[m] = {"square": Square, "per_row": PerRow, "mul_attrs": MulByAttributes}
     return _FUNCTIONS[m]
 
 
@@ -236,6 +248,8 @@ OPS = {
     "clamp": (_one(), lambda m, xs, p: xs[0].clamp(-0.8, 0.8)),
     "square_fn": (_one(_small), lambda m, xs, p: _functions(m)["square"].apply(xs[0])),
     "per_row_fn": (_one(_rank(1, 2, 3)), lambda m, xs, p: _functions(m)["per_row"].apply(xs[0])),
+    "mul_attrs_fn": (_two(_small, lambda a, b: _same_shape(a, b) and _small(b)),
+                     lambda m, xs, p: _functions(m)["mul_attrs"].apply(xs[0], xs[1])),
     # elementwise, two operands (of one shape, or broadcast)
     "add": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] + xs[1]),
     "sub": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] - xs[1]),

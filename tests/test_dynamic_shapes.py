@@ -1,17 +1,116 @@
 """Dynamic shapes: a graph traced with symbolic sizes is reused only where it is
-right. User code that computes with a size is specialised; user code and hooks
+right (batch sweeps of the bundled models, guards, lifted scalars). User code that computes with a size is specialised; user code and hooks
 that only pass gradients on keep the graph dynamic; arithmetic that cannot stay
 symbolic records a guard."""
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
+from compiled_autograd.examples import build
 from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
 from helpers import _has_cc
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
 BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
+
+
+def _matches(backend, eager, compiled):
+    """Bit for bit on "eager" and "python"; "c" rounds its own way."""
+    eager, compiled = np.asarray(eager), np.asarray(compiled)
+    if backend == "c":
+        rtol = 1e-10 if eager.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(compiled, eager, rtol=rtol, atol=rtol)
+    else:
+        np.testing.assert_array_equal(eager, compiled)
+
+
+def _model_sweep(backend, make, batches, dynamic=False):
+    captures = []
+    for batch in batches:
+        ex = make(batch)
+        ex.loss().backward()
+        expected = [p.grad.numpy().copy() for p in ex.parameters()]
+        ex.zero_grad()
+        with ca.compiled_backward(backend=backend, dynamic=dynamic):
+            ex.loss().backward()
+        for e, p in zip(expected, ex.parameters()):
+            _matches(backend, e, p.grad.numpy())
+        captures.append(ca.compiled_autograd_stats()["captures"])
+    return captures
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_dynamic_batch_sweep(backend, name):
+    def make(batch):
+        if name == "mlp":
+            return build("mlp", layers=3, width=8, batch=batch)
+        return build("transformer", layers=1, d_model=16, heads=2, seq=8, batch=batch,
+                     vocab=20, checkpoint="layer")
+    # 3 and 4 capture (the size that changed becomes dynamic); 5 and 6 do not.
+    assert _model_sweep(backend, make, [3, 4, 5, 6]) == [1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_true_starts_dynamic_and_prints_symbols(backend):
+    # (width 8: a batch equal to another size would flip a guard comparing the two)
+    def make(batch):
+        return build("mlp", layers=2, width=8, batch=batch)
+    assert _model_sweep(backend, make, [3, 4, 5], dynamic=True) == [1, 1, 1]
+    g = build("mlp", layers=2, width=4, batch=3)
+    ca.reset_compiled_autograd()
+    with ca.compiled_backward(backend=backend, dynamic=True):
+        g.loss().backward()
+    (family,) = __import__("compiled_autograd").compiled._cache.values()
+    text = str(family.entries[0][2].graph)
+    assert "shape=(s" in text and ": f32[s" in text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lifted_scalars_do_not_recompile(backend):
+    x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for scale in (0.5, 2.5, -1.0):
+        with ca.compiled_backward(backend=backend):
+            (x * scale).exp().sum().backward()
+        expected = scale * np.exp(scale * np.array([1.0, 2.0, 3.0]))
+        np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+        x.grad = None
+    assert ca.compiled_autograd_stats()["captures"] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_guards_force_a_recompile_instead_of_a_wrong_graph(backend):
+    # layer_norm's derivative needs 1/n over the normalised dims: once that size is
+    # dynamic it is guarded (specialised), so a third size recompiles.
+    def run(n):
+        x = ca.tensor(np.linspace(-1, 1, 4 * n).reshape(4, n), requires_grad=True)
+        w = ca.tensor(np.linspace(0.5, 1.5, n))
+        out = (ca.nn.functional.layer_norm(x, (n,)) * w).sum()
+        x_eager = x.detach().requires_grad_()
+        (ca.nn.functional.layer_norm(x_eager, (n,)) * w).sum().backward()
+        with ca.compiled_backward(backend=backend):
+            out.backward()
+        _matches(backend, x.grad.numpy(), x_eager.grad.numpy())
+    for n in (3, 4, 5, 6):
+        run(n)
+    assert ca.compiled_autograd_stats()["captures"] == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_sweep_over_stack_dims_and_size_one(backend):
+    with ca.compiled_backward(backend=backend, dynamic=True):
+        for d in (2, 3, 4):
+            x = ca.ones(2, 3, 4, 5, requires_grad=True)
+            ca.stack([x, x * 2], d).sum().backward()
+            _matches(backend, x.grad.numpy(), np.full((2, 3, 4, 5), 3.0))
+        for batch in (3, 1, 4):
+            x = ca.ones(batch, 4, requires_grad=True)
+            w = ca.ones(4, 4, requires_grad=True)
+            (x @ w).tanh().sum().backward()
+            expected = x.detach().requires_grad_()
+            (expected @ w.detach()).tanh().sum().backward()
+            _matches(backend, x.grad.numpy(), expected.grad.numpy())
 
 
 class PerRow(ca.autograd.Function):

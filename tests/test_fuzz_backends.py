@@ -34,7 +34,7 @@ def test_backends_match_eager_in_float64(seed):
 # Seeds whose programs found a bug (an unreached input, a scatter over its own
 # output, a 0-d mask, a no-op view, GCC's masked loads, std at zero). Each seed
 # made its program from the op table of its day; the table has grown since
-# (per_row_fn), so they are now just more programs: the named tests in
+# (per_row_fn, mul_attrs_fn), so they are now just more programs: the named tests in
 # test_c_backend.py and test_edge_semantics.py guard those bugs.
 FOUND_BUGS = (5, 34, 68, 157, 291, 383)
 

@@ -1,9 +1,9 @@
 """The cache hit's C walks (compiled_autograd/native_walk.c) against the Python
 walks they mirror. Every scenario of test_compiled.py runs again here, on the
-"python" backend, with each cache-hit collection done both ways and compared:
-the graph task (nodes, ranks, edges) and every collected list, by value for the
-key and sizes and by identity for the runtime values; an error must be the same
-error."""
+"python" backend (and those of test_dynamic_shapes.py, on theirs), with each
+cache-hit collection done both ways and compared: the graph task (nodes, ranks,
+edges) and every collected list, by value for the key and sizes and by identity
+for the runtime values; an error must be the same error."""
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ from compiled_autograd import compiled, engine, native_walk, tracer
 from compiled_autograd.examples import build
 from helpers import needs_cc
 from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
+from test_dynamic_shapes import *  # noqa: F401,F403  (and the dynamic-shape ones)
 
 pytestmark = needs_cc
 
