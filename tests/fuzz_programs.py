@@ -166,6 +166,7 @@ def _functions(m):
             @staticmethod
             def backward(ctx, grad):
                 return grad * (1.0 / grad.shape[-1])
+
         class MulByAttributes(m.autograd.Function):
             # Its operands kept as ctx attributes (not saved tensors): either may
             # be a leaf, whose accumulation needs the Tensor itself.

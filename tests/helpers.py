@@ -24,6 +24,18 @@ def _has_cc():
 needs_cc = pytest.mark.skipif(not _has_cc(), reason="no C compiler")
 
 
+def assert_backend_matches(backend, eager, compiled):
+    """A backend's result against eager autograd's: bit for bit on "eager" and
+    "python" (same kernels, same order); on "c" within rtol 1e-5 (float32) or
+    1e-10 (float64), since its loops and fused expressions round differently."""
+    eager, compiled = np.asarray(eager), np.asarray(compiled)
+    if backend == "c":
+        rtol = 1e-10 if eager.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(compiled, eager, rtol=rtol, atol=rtol)
+    else:
+        np.testing.assert_array_equal(eager, compiled)
+
+
 # Small bundled models for the C backend's tests.
 MLP = dict(layers=2, width=8, batch=4)
 TRANSFORMER = dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)

@@ -11,7 +11,7 @@ import pytest
 
 import compiled_autograd as ca
 from compiled_autograd.examples import build
-from helpers import profile_backward
+from helpers import assert_backend_matches, profile_backward
 from op_cases import CASES, make_inputs
 
 BACKEND = "eager"
@@ -47,12 +47,7 @@ def _both(run):
 
 
 def assert_matches(eager, compiled):
-    eager, compiled = np.asarray(eager), np.asarray(compiled)
-    if BACKEND == "c":
-        rtol = 1e-10 if eager.dtype == np.float64 else 1e-5
-        np.testing.assert_allclose(compiled, eager, rtol=rtol, atol=rtol)
-    else:
-        np.testing.assert_array_equal(eager, compiled)
+    assert_backend_matches(BACKEND, eager, compiled)
 
 
 def _maybe(compiled, **kw):

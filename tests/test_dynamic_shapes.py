@@ -1,28 +1,20 @@
 """Dynamic shapes: a graph traced with symbolic sizes is reused only where it is
-right (batch sweeps of the bundled models, guards, lifted scalars). User code that computes with a size is specialised; user code and hooks
-that only pass gradients on keep the graph dynamic; arithmetic that cannot stay
-symbolic records a guard."""
+right (batch sweeps of the bundled models, guards, lifted scalars). User code
+that computes with a size is specialised; user code and hooks that only pass
+gradients on keep the graph dynamic; arithmetic that cannot stay symbolic
+records a guard."""
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
+import fuzz_programs
 from compiled_autograd.examples import build
 from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
-from helpers import _has_cc
+from helpers import _has_cc, assert_backend_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
 BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
-
-
-def _matches(backend, eager, compiled):
-    """Bit for bit on "eager" and "python"; "c" rounds its own way."""
-    eager, compiled = np.asarray(eager), np.asarray(compiled)
-    if backend == "c":
-        rtol = 1e-10 if eager.dtype == np.float64 else 1e-5
-        np.testing.assert_allclose(compiled, eager, rtol=rtol, atol=rtol)
-    else:
-        np.testing.assert_array_equal(eager, compiled)
 
 
 def _model_sweep(backend, make, batches, dynamic=False):
@@ -35,7 +27,7 @@ def _model_sweep(backend, make, batches, dynamic=False):
         with ca.compiled_backward(backend=backend, dynamic=dynamic):
             ex.loss().backward()
         for e, p in zip(expected, ex.parameters()):
-            _matches(backend, e, p.grad.numpy())
+            assert_backend_matches(backend, e, p.grad.numpy())
         captures.append(ca.compiled_autograd_stats()["captures"])
     return captures
 
@@ -91,7 +83,7 @@ def test_guards_force_a_recompile_instead_of_a_wrong_graph(backend):
         (ca.nn.functional.layer_norm(x_eager, (n,)) * w).sum().backward()
         with ca.compiled_backward(backend=backend):
             out.backward()
-        _matches(backend, x.grad.numpy(), x_eager.grad.numpy())
+        assert_backend_matches(backend, x.grad.numpy(), x_eager.grad.numpy())
     for n in (3, 4, 5, 6):
         run(n)
     assert ca.compiled_autograd_stats()["captures"] == 4
@@ -103,25 +95,18 @@ def test_dynamic_sweep_over_stack_dims_and_size_one(backend):
         for d in (2, 3, 4):
             x = ca.ones(2, 3, 4, 5, requires_grad=True)
             ca.stack([x, x * 2], d).sum().backward()
-            _matches(backend, x.grad.numpy(), np.full((2, 3, 4, 5), 3.0))
+            assert_backend_matches(backend, x.grad.numpy(), np.full((2, 3, 4, 5), 3.0))
         for batch in (3, 1, 4):
             x = ca.ones(batch, 4, requires_grad=True)
             w = ca.ones(4, 4, requires_grad=True)
             (x @ w).tanh().sum().backward()
             expected = x.detach().requires_grad_()
             (expected @ w.detach()).tanh().sum().backward()
-            _matches(backend, x.grad.numpy(), expected.grad.numpy())
+            assert_backend_matches(backend, x.grad.numpy(), expected.grad.numpy())
 
 
-class PerRow(ca.autograd.Function):
-    """Its backward computes with a size: 1.0 / n cannot stay symbolic."""
-    @staticmethod
-    def forward(ctx, x):
-        return x * (1.0 / x.shape[-1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * (1.0 / grad.shape[-1])
+# Its backward computes with a size: grad * (1.0 / grad.shape[-1]).
+PerRow = fuzz_programs._functions(ca)["per_row"]
 
 
 class BySavedWidth(ca.autograd.Function):
