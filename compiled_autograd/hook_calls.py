@@ -40,15 +40,28 @@ def tensor_pre_hook(hook, grad):
     return grad if result is None else _array(result, grad, hook)
 
 
-def pre_hook(hook, *grads):
-    """A node pre-hook: may replace the node's incoming gradients."""
-    result = hook(tuple(_tensor(g) for g in grads))
-    if result is None:
-        return grads
+def _replaced(result, grads, hook):
+    """A node hook's replacement gradients. Which gradients are None is fixed
+    when the backward is traced: a hook that drops one is refused."""
     if len(result) != len(grads):
         raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
                            f"expected {len(grads)}")
-    return tuple(None if r is None else _array(r, g, hook) for r, g in zip(result, grads))
+    out = []
+    for i, (r, g) in enumerate(zip(result, grads)):
+        if r is None and g is not None:
+            raise RuntimeError(
+                f"compiled autograd: hook '{_hook_name(hook)}' returned None for gradient "
+                f"{i}, which is not None; a compiled backward cannot drop a gradient (its "
+                "graph is fixed when traced): return zeros, or run this backward outside "
+                "ca.compiled_backward()")
+        out.append(None if r is None else _array(r, g, hook))
+    return tuple(out)
+
+
+def pre_hook(hook, *grads):
+    """A node pre-hook: may replace the node's incoming gradients."""
+    result = hook(tuple(_tensor(g) for g in grads))
+    return grads if result is None else _replaced(result, grads, hook)
 
 
 def post_hook(hook, n_inputs, *grads):
@@ -56,13 +69,7 @@ def post_hook(hook, n_inputs, *grads):
     grad_inputs, grad_outputs = grads[:n_inputs], grads[n_inputs:]
     result = hook(tuple(_tensor(g) for g in grad_inputs),
                   tuple(_tensor(g) for g in grad_outputs))
-    if result is None:
-        return tuple(grad_inputs)
-    if len(result) != len(grad_inputs):
-        raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
-                           f"expected {len(grad_inputs)}")
-    return tuple(None if r is None else _array(r, g, hook)
-                 for r, g in zip(result, grad_inputs))
+    return tuple(grad_inputs) if result is None else _replaced(result, grad_inputs, hook)
 
 
 def post_acc_grad_hook(hook, variable):

@@ -157,7 +157,7 @@ def _unwrap(result, like, hook, create_graph):
 def _check_hook_result(result, like, hook):
     from compiled_autograd.saved_variable import type_name
     if like is None:
-        return
+        raise RuntimeError("can't replace a None gradient with a non-None value")
     if tuple(result.shape) != tuple(like.shape):
         raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value: "
                            f"expected {list(like.shape)}, got {list(result.shape)}")

@@ -1,10 +1,12 @@
 """Backward hooks: order and effects as torch's (a recorded list of calls compared
 with torch's on the same graph), handles, and errors."""
+import contextlib
+
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import assert_close, needs_torch, torch
+from helpers import _has_cc, assert_close, needs_torch, torch
 
 
 def _record_hooks(m):
@@ -117,3 +119,56 @@ def test_post_accumulate_grad_hook_sees_accumulated_grad():
     (a * 3).sum().backward()
     assert_close(seen[0], [2.0, 2.0])
     assert_close(seen[1], [5.0, 5.0])
+
+
+def _drops_y(m):
+    class DropY(m.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+    return DropY
+
+
+@pytest.mark.parametrize("backend", [None, "eager", "python"] + (["c"] if _has_cc() else []))
+def test_a_hook_cannot_fill_a_none_gradient(backend):
+    x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    z = _drops_y(ca).apply(x, y)
+    z.grad_fn.register_hook(lambda gi, go: (gi[0], ca.ones(3) * 7))   # gi[1] is None
+    with pytest.raises(RuntimeError, match="can't replace a None gradient with a non-None"):
+        with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+            z.sum().backward()
+
+
+@needs_torch
+def test_a_hook_cannot_fill_a_none_gradient_in_torch_either():
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    z = _drops_y(torch).apply(x, y)
+    z.grad_fn.register_hook(lambda gi, go: (gi[0], torch.ones(3) * 7))
+    with pytest.raises(RuntimeError, match="can't replace a None gradient with a non-None"):
+        z.sum().backward()
+
+
+@pytest.mark.parametrize("backend", ["eager", "python"] + (["c"] if _has_cc() else []))
+@pytest.mark.parametrize("kind", ["pre", "post"])
+def test_a_hook_that_drops_a_gradient_is_refused_under_compiled(backend, kind):
+    # Eager autograd lets the gradient become None; a compiled graph, fixed when
+    # traced, once computed with None: a NaN gradient, a TypeError, or C's
+    # "gave NoneType".
+    x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = ca.tensor([4.0, 5.0, 6.0], requires_grad=True)
+    z = x * y
+    if kind == "post":
+        z.grad_fn.register_hook(lambda gi, go: (gi[0], None))
+    else:
+        z.grad_fn.register_prehook(lambda go: (None,))
+    with pytest.raises(RuntimeError, match="returned None for gradient .*cannot drop"):
+        with ca.compiled_backward(backend=backend):
+            z.sum().backward(retain_graph=True)
+    z.sum().backward()                        # eager: the dropped gradient is None
+    assert (y.grad is None) if kind == "post" else (x.grad is None and y.grad is None)
