@@ -107,6 +107,8 @@ def _blas_layout(v: Val, rows, cols):
     """(transpose flag, leading dimension) to read ``v``'s last two dims as a
     rows x cols matrix without copying, or None."""
     sr, sc = v.strides[-2], v.strides[-1]
+    if 0 in (rows, cols):           # (sizes 0 are never symbolic) nothing is read
+        return "CblasNoTrans", max(cols, 1)
     symbolic = not all(isinstance(x, int) for x in (sr, sc, rows, cols))
     if (sc == 1 or cols == 1) and (rows == 1 or (sr != 0 and (symbolic or sr >= cols))):
         return "CblasNoTrans", (sr if rows != 1 else cols)

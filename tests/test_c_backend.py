@@ -557,3 +557,18 @@ def test_where_on_a_condition_that_is_not_bool(cond):
             loss.backward()
         return a.grad.numpy().tolist(), b.grad.numpy().tolist()
     assert grads("c") == grads() == ([1.0, 0.0, 100.0], [0.0, 10.0, 0.0])
+
+
+@needs_cc
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3), (3, 0)), ((0, 3), (3, 0)), ((2, 0), (0, 3)),
+                                             ((0, 0), (0, 3)), ((2, 3), (4, 3, 0))])
+def test_a_matmul_with_an_empty_dim(a_shape, b_shape):
+    # (Generating the C once failed: no BLAS layout fit an empty matrix.)
+    def grads(compiled):
+        a = ca.tensor(np.ones(a_shape), requires_grad=True)
+        b = ca.tensor(np.ones(b_shape), requires_grad=True)
+        with ca.compiled_backward(backend="c") if compiled else contextlib.nullcontext():
+            ((a @ b) * 2.0).sum().backward()
+        return a.grad.numpy(), b.grad.numpy()
+    for want, got in zip(grads(False), grads(True)):
+        np.testing.assert_array_equal(got, want)
