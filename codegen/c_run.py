@@ -37,6 +37,7 @@ from codegen.c import generate
 from codegen.c_layout import Val, value_of
 from compiled_autograd.hook_calls import CALL_HOOK
 from compiled_autograd.node import accumulate_into
+from compiled_autograd.symbolic import resolve
 from runtime import cbuild, memory
 from runtime.extension import Extension
 
@@ -265,6 +266,8 @@ class CBackward:
                     args.append(self._resolve(frame, a, True))
                 else:
                     args.append(a)
+            if site.kind == "unpack_hook":       # (eager's message for a wrong shape)
+                args.append(resolve(tuple(site.node.meta["shape"]), frame.sizes, ()))
             value = CALL_HOOK[site.kind](*args)
             for j, (i, v) in enumerate(site.results):
                 arr = value if i is None else value[i]

@@ -93,6 +93,8 @@ class _Source:
             args = [self.value(a) for a in node.args]
             if node.target == "accumulate_grad" and _fresh_and_only_here(node.args[1]):
                 args.append({"kind": "lit", "text": "True"})   # owned: becomes .grad as is
+            if node.target == "unpack_hook":   # the shape the result must have
+                args.append(self.value(tuple(node.meta["shape"])))
             return dict(base, kind="hook", target=node.target, has_value=_has_value(node),
                         args=args)
         if node.target == "getitem":

@@ -48,6 +48,8 @@ class Interpreter:
                     else:
                         value = run_kernel(PRIMS[node.target], args, kwargs)
                 else:
+                    if node.target == "unpack_hook":    # (the result must have its shape)
+                        args = tuple(args) + (resolve(node.meta["shape"], sizes, scalars),)
                     value = CALL_HOOK[node.target](*args)
                 env[node] = value
                 del args, kwargs, value  # the env is the only owner (as generated code)

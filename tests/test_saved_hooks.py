@@ -10,7 +10,7 @@ import pytest
 import compiled_autograd as ca
 from compiled_autograd.autograd.graph import (disable_saved_tensors_hooks, save_on_disk,
                                               saved_tensors_hooks)
-from helpers import assert_close, needs_torch, torch
+from helpers import _has_cc, assert_close, needs_torch, torch
 
 
 def _counting_run(m):
@@ -183,3 +183,22 @@ def test_save_on_disk_reloads_views_and_refuses_a_changed_file(tmp_path):
     with pytest.raises(RuntimeError, match=r"save_on_disk: the file .* was changed: "
                                            r"4 bytes, expected 36"):
         loss.backward()
+
+
+@pytest.mark.parametrize("backend", [None, "eager", "python"] + (["c"] if _has_cc() else []))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_unpack_hook_that_changes_the_shape_is_refused(backend, dynamic):
+    # Compiled on "eager" and "python", it once gave leaves a .grad of the wrong
+    # shape ([2, 3] on [3] leaves); C refused it with its own message.
+    x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    w = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t.expand(2, 3) * 1):
+        y = x * w
+    with pytest.raises(RuntimeError, match=r"unpack_hook returned a tensor of shape \[2, 3\], "
+                                           r"but the saved tensor had shape \[3\]"):
+        if backend is None:
+            y.sum().backward()
+        else:
+            with ca.compiled_backward(backend=backend, dynamic=dynamic):
+                y.sum().backward()
+    assert x.grad is None and w.grad is None

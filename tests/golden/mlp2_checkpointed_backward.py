@@ -15,12 +15,12 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     # LinearBackward
     hook_1 = hooks[1]; hooks[1] = None
     packed_1 = packed_data[1]; packed_data[1] = None
-    unpack_hook_1 = _h_unpack_hook(hook_1, packed_1); del hook_1, packed_1
+    unpack_hook_1 = _h_unpack_hook(hook_1, packed_1, (4, 4)); del hook_1, packed_1
     matmul = _k_matmul(add, unpack_hook_1); del unpack_hook_1
     permute = _k_permute(add, perm=(1, 0))
     hook = hooks[0]; hooks[0] = None
     packed = packed_data[0]; packed_data[0] = None
-    unpack_hook = _h_unpack_hook(hook, packed); del hook, packed
+    unpack_hook = _h_unpack_hook(hook, packed, (3, 4)); del hook, packed
     matmul_1 = _k_matmul(permute, unpack_hook); del permute, unpack_hook
     sum = _k_sum(add, dims=(0,), keepdim=False); del add
     # AccumulateGrad
@@ -31,7 +31,7 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     # TanhBackward
     hook_2 = hooks[2]; hooks[2] = None
     packed_2 = packed_data[2]; packed_data[2] = None
-    unpack_hook_2 = _h_unpack_hook(hook_2, packed_2); del hook_2, packed_2
+    unpack_hook_2 = _h_unpack_hook(hook_2, packed_2, (3, 4)); del hook_2, packed_2
     mul_3 = _k_mul(unpack_hook_2, unpack_hook_2); del unpack_hook_2
     sub = _k_sub(1.0, mul_3); del mul_3
     mul_4 = _k_mul(matmul, sub); del matmul, sub
@@ -39,7 +39,7 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     permute_1 = _k_permute(mul_4, perm=(1, 0))
     hook_3 = hooks[3]; hooks[3] = None; del hooks
     packed_3 = packed_data[3]; packed_data[3] = None; del packed_data
-    unpack_hook_3 = _h_unpack_hook(hook_3, packed_3); del hook_3, packed_3
+    unpack_hook_3 = _h_unpack_hook(hook_3, packed_3, (3, 4)); del hook_3, packed_3
     matmul_2 = _k_matmul(permute_1, unpack_hook_3); del permute_1, unpack_hook_3
     sum_1 = _k_sum(mul_4, dims=(0,), keepdim=False); del mul_4
     # AccumulateGrad
