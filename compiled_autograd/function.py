@@ -236,6 +236,8 @@ class Function(metaclass=_FunctionMeta):
                 if id(o) in inputs:
                     o = Tensor._make_view(o._data, o)  # an input returned: alias it
                     o._creation = "custom_function"
+                elif o._base is not None:
+                    o._creation = "custom_function"    # a view made inside the forward
                 if id(outs[i]) not in ctx._non_differentiable and o.dtype.kind in "fc":
                     o._grad_fn, o._output_nr = ctx, i
             wrapped.append(o)

@@ -77,6 +77,8 @@ class Tensor:
         t._view_version = base._version_counter.value
         if not is_grad_enabled():
             t._creation = "no_grad"
+        elif source._creation is not None:
+            t._creation = source._creation   # a view of such a view is one too (as torch)
         return t
 
     # ------------------------------------------------------------ autograd state

@@ -247,3 +247,32 @@ def test_a_ctx_attribute_that_is_also_a_leaf(backend):
         return x.grad.numpy(), w.grad.numpy()
     for want, got in zip(grads(False), grads(True)):
         np.testing.assert_allclose(got, want)
+
+
+def _view_outputs(m, case):
+    class TView(m.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return (x * 2).t()                 # a view of a tensor made inside
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.t() * 2
+
+    x = m.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = TView.apply(x)
+    (y if case == "output" else y[0]).mul_(3)
+
+
+@pytest.mark.parametrize("case", ["output", "a view of it"])
+def test_in_place_on_a_view_a_custom_function_returned_is_refused(case):
+    # It once rebased onto the Function's internal tensor: x.grad was None.
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        _view_outputs(ca, case)
+
+
+@needs_torch
+@pytest.mark.parametrize("case", ["output", "a view of it"])
+def test_in_place_on_a_view_a_custom_function_returned_is_refused_in_torch(case):
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        _view_outputs(torch, case)
