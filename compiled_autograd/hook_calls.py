@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from compiled_autograd.hooks import _check_hook_result, _hook_name
 from compiled_autograd.node import accumulate_into
+from compiled_autograd.saved_variable import checked_unpack
 
 
 def _tensor(a):
@@ -26,16 +27,8 @@ def _array(result, like, hook):
 
 def unpack_hook(hook, packed, shape=None):
     """A saved value under saved-tensor hooks: recompute, reload, ... ``shape``:
-    the saved value's, which the result must have (the C backend checks its own)."""
-    from compiled_autograd.tensor import Tensor
-    value = hook(packed)
-    if not isinstance(value, Tensor):
-        raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but got "
-                        f"result of type {type(value).__name__}")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise RuntimeError(f"saved tensor unpack_hook returned a tensor of shape "
-                           f"{list(value.shape)}, but the saved tensor had shape {list(shape)}")
-    return value._data
+    the saved value's, which the result must have."""
+    return checked_unpack(hook(packed), shape)._data
 
 
 def tensor_pre_hook(hook, grad):

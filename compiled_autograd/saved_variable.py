@@ -25,6 +25,19 @@ def retag_saved(arr):
     retag(arr)
 
 
+def checked_unpack(value, shape):
+    """What an unpack hook returned, checked: a Tensor of the saved ``shape`` (None:
+    any shape) -- eager's unpack and the compiled backward's."""
+    from compiled_autograd.tensor import Tensor
+    if not isinstance(value, Tensor):
+        raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but "
+                        f"got result of type {type(value).__name__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise RuntimeError(f"saved tensor unpack_hook returned a tensor of shape "
+                           f"{list(value.shape)}, but the saved tensor had shape {list(shape)}")
+    return value
+
+
 def type_name(dtype) -> str:
     """torch-style type name: float32 -> FloatTensor."""
     names = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long",
@@ -88,16 +101,7 @@ class SavedVariable:
         self.unpack_hook = unpack
 
     def _call_unpack_hook(self):
-        from compiled_autograd.tensor import Tensor
-        value = self.unpack_hook(self.packed)
-        if not isinstance(value, Tensor):
-            raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but "
-                            f"got result of type {type(value).__name__}")
-        if tuple(value.shape) != tuple(self.shape):
-            raise RuntimeError(f"saved tensor unpack_hook returned a tensor of shape "
-                               f"{list(value.shape)}, but the saved tensor had shape "
-                               f"{list(self.shape)}")
-        return value
+        return checked_unpack(self.unpack_hook(self.packed), self.shape)
 
     def check(self, node_name: str) -> None:
         """Raise the torch error if this value was freed or modified in place."""
