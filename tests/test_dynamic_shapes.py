@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-import fuzz_programs
+import fuzz_ops
 from compiled_autograd.examples import build
 from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
 from helpers import _has_cc, assert_backend_matches
@@ -106,7 +106,7 @@ def test_dynamic_sweep_over_stack_dims_and_size_one(backend):
 
 
 # Its backward computes with a size: grad * (1.0 / grad.shape[-1]).
-PerRow = fuzz_programs._functions(ca)["per_row"]
+PerRow = fuzz_ops._functions(ca)["per_row"]
 
 
 class BySavedWidth(ca.autograd.Function):
