@@ -23,6 +23,9 @@ def _has_cc():
 
 needs_cc = pytest.mark.skipif(not _has_cc(), reason="no C compiler")
 
+# Every compiled backend ("c" where there is a compiler), for parametrizing.
+BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
+
 
 def assert_backend_matches(backend, eager, compiled):
     """A backend's result against eager autograd's: bit for bit on "eager" and

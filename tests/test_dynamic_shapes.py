@@ -10,12 +10,9 @@ import compiled_autograd as ca
 import fuzz_ops
 from compiled_autograd.examples import build
 from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
-from helpers import _has_cc, assert_backend_matches
+from helpers import BACKENDS, assert_backend_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
-
-BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
-
 
 def _model_sweep(backend, make, batches, dynamic=False):
     captures = []

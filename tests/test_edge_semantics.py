@@ -197,14 +197,14 @@ def test_cross_entropy_all_ignored_is_nan():
 
 # ---------------------------------------------------------------- found by tests/fuzz_programs.py
 
-_NOOP_VIEWS = {
-    "reshape to the same shape": lambda h: h.reshape(2, 3),
-    "expand to the same shape": lambda h: h.expand(2, 3),
-    "squeeze with no size-1 dim": lambda h: h.squeeze(),
-    "squeeze(0) of a size-2 dim": lambda h: h.squeeze(0),
-    "t() of a 1-d tensor": lambda h: h[0].t(),
-    "[:]": lambda h: h[:],
-    "[...]": lambda h: h[...],
+_NOOP_VIEWS = {   # h -> (the tensor viewed, the view)
+    "reshape to the same shape": lambda h: (h, h.reshape(2, 3)),
+    "expand to the same shape": lambda h: (h, h.expand(2, 3)),
+    "squeeze with no size-1 dim": lambda h: (h, h.squeeze()),
+    "squeeze(0) of a size-2 dim": lambda h: (h, h.squeeze(0)),
+    "t() of a 1-d tensor": lambda h: (lambda row: (row, row.t()))(h[0]),
+    "[:]": lambda h: (h, h[:]),
+    "[...]": lambda h: (h, h[...]),
 }
 
 
@@ -213,8 +213,8 @@ def _noop_view_hook(m, view):
     gradient: the view is a new tensor with its own grad_fn, as in torch."""
     x = m.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
     h = x * 1
-    v = view(h)
-    assert v is not h and v.grad_fn is not h.grad_fn
+    viewed, v = view(h)
+    assert v is not viewed and v.grad_fn is not viewed.grad_fn
     v.register_hook(lambda g: g * 0)
     v.retain_grad()
     (h.sum() + (v * 3).sum()).backward()

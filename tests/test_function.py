@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import _has_cc, assert_close, needs_torch, torch
+from helpers import BACKENDS, assert_close, needs_torch, torch
 
 
 def _define(m):
@@ -225,7 +225,7 @@ def test_saved_tensor_hooks_apply_to_function_saves():
     assert_close(x.grad.numpy(), [2.0, 6.0])
 
 
-@pytest.mark.parametrize("backend", ["eager", "python"] + (["c"] if _has_cc() else []))
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_ctx_attribute_that_is_also_a_leaf(backend):
     # The leaf's accumulation needs the Tensor (for .grad), the backward its
     # values: the compiled backward once handed the accumulation the array.

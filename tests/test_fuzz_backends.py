@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 
 import fuzz_programs
-from helpers import _has_cc, torch
+from helpers import BACKENDS, torch
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
-
-BACKENDS = ("eager", "python") + (("c",) if _has_cc() else ())
-
 
 def _variant(seed):
     return fuzz_programs.VARIANTS[seed % len(fuzz_programs.VARIANTS)]
@@ -29,19 +26,6 @@ def test_backends_match_eager_in_float64(seed):
         problems = fuzz_programs.check(seed, _variant(seed), BACKENDS, np.float64,
                                        with_torch=torch is not None)
     assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
-
-
-# Seeds whose programs found a bug (an unreached input, a scatter over its own
-# output, a 0-d mask, a no-op view, GCC's masked loads, std at zero). Each seed
-# made its program from the op table of its day; the table has grown since
-# (per_row_fn, mul_attrs_fn), so they are now just more programs: the named tests in
-# test_c_backend.py and test_edge_semantics.py guard those bugs.
-FOUND_BUGS = (5, 34, 68, 157, 291, 383)
-
-
-@pytest.mark.parametrize("seed", FOUND_BUGS)
-def test_seeds_that_found_bugs(seed):
-    test_backends_match_eager_in_float64(seed)
 
 
 @pytest.mark.parametrize("seed", range(1000, 1024))

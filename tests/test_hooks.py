@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import _has_cc, assert_close, needs_torch, torch
+from helpers import BACKENDS, assert_close, needs_torch, torch
 
 
 def _record_hooks(m):
@@ -133,7 +133,7 @@ def _drops_y(m):
     return DropY
 
 
-@pytest.mark.parametrize("backend", [None, "eager", "python"] + (["c"] if _has_cc() else []))
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
 def test_a_hook_cannot_fill_a_none_gradient(backend):
     x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
     y = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -154,7 +154,7 @@ def test_a_hook_cannot_fill_a_none_gradient_in_torch_either():
         z.sum().backward()
 
 
-@pytest.mark.parametrize("backend", ["eager", "python"] + (["c"] if _has_cc() else []))
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["pre", "post"])
 def test_a_hook_that_drops_a_gradient_is_refused_under_compiled(backend, kind):
     # Eager autograd lets the gradient become None; a compiled graph, fixed when

@@ -16,7 +16,8 @@ from helpers import needs_cc
 from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
 from test_dynamic_shapes import *  # noqa: F401,F403  (and the dynamic-shape ones)
 
-pytestmark = needs_cc
+# (The imported tests' own pytestmark is replaced by this one: keep their fixture.)
+pytestmark = [needs_cc, pytest.mark.usefixtures("fresh_compiled_cache")]
 
 
 @pytest.fixture(autouse=True, params=["python"])

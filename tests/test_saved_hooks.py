@@ -10,7 +10,7 @@ import pytest
 import compiled_autograd as ca
 from compiled_autograd.autograd.graph import (disable_saved_tensors_hooks, save_on_disk,
                                               saved_tensors_hooks)
-from helpers import _has_cc, assert_close, needs_torch, torch
+from helpers import BACKENDS, assert_close, needs_torch, torch
 
 
 def _counting_run(m):
@@ -185,8 +185,8 @@ def test_save_on_disk_reloads_views_and_refuses_a_changed_file(tmp_path):
         loss.backward()
 
 
-@pytest.mark.parametrize("backend", [None, "eager", "python"] + (["c"] if _has_cc() else []))
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("backend,dynamic", [(None, False)] + [
+    (b, d) for b in BACKENDS for d in (False, True)])
 def test_an_unpack_hook_that_changes_the_shape_is_refused(backend, dynamic):
     # Compiled on "eager" and "python", it once gave leaves a .grad of the wrong
     # shape ([2, 3] on [3] leaves); C refused it with its own message.

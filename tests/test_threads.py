@@ -14,13 +14,12 @@ import pytest
 
 import compiled_autograd as ca
 from compiled_autograd.examples import build
-from helpers import _has_cc
+from helpers import BACKENDS
 
 MODELS = [dict(layers=3, width=8, batch=4, checkpoint="layer"),
           dict(layers=4, width=6, batch=3),
           dict(layers=2, width=5, batch=2, checkpoint="sqrt"),
           dict(layers=3, width=7, batch=2, offload=True)]
-BACKENDS = ["eager", "python"] + (["c"] if _has_cc() else [])
 
 
 def _backward(ex, backend):
