@@ -161,7 +161,9 @@ def _cache_hit_time(make_loss, reps, native=True):
     import contextlib
 
     import compiled_autograd as ca
-    from compiled_autograd import compiled, engine, native_walk
+    from compiled_autograd.compiled import api as compiled
+    from compiled_autograd.autograd import engine
+    from compiled_autograd.compiled import native_walk
     options = ca.compiled_backward(backend="python")
     with options:
         make_loss().backward()      # fills the cache

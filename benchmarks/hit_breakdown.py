@@ -22,7 +22,8 @@ import backward  # noqa: E402  (the same cases)
 
 def breakdown(case, reps):
     import compiled_autograd as ca
-    from compiled_autograd import compiled, engine
+    from compiled_autograd.compiled import api as compiled
+    from compiled_autograd.autograd import engine
     make_loss, _ = backward._ca_setup(case)
     options = ca.compiled_backward(backend="python")
     with options:

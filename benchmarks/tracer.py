@@ -13,14 +13,17 @@ import statistics
 import time
 
 import compiled_autograd as ca
-from compiled_autograd import compiled, native_walk, passes, tracer
+from compiled_autograd.compiled import api as compiled
+from compiled_autograd.compiled import native_walk
+from compiled_autograd.ir import passes
+from compiled_autograd.compiled import tracer
 from compiled_autograd.examples import build
-from compiled_autograd.interpreter import Interpreter
-from compiled_autograd.symbolic import ShapeEnv
+from compiled_autograd.compiled.interpreter import Interpreter
+from compiled_autograd.ir.symbolic import ShapeEnv
 
 
 def _roots(loss):
-    from compiled_autograd import engine
+    from compiled_autograd.autograd import engine
     return engine._make_root_grads([loss], None, create_graph=False)
 
 

@@ -30,8 +30,8 @@ from codegen import c_memory
 from codegen.c_layout import (Storage, Val, add, broadcast_strides, c_expr, ctype, dim, expanded,
                               mul, permuted, reshaped, sliced)
 from codegen.python import _comment
-from compiled_autograd.graph import Node
-from compiled_autograd.symbolic import SymFloat, SymInt, expr_of
+from compiled_autograd.ir.graph import Node
+from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
 from runtime.cbuild import array_data_offset, blas
 from runtime.prims import PRIMS
 

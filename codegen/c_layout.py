@@ -8,13 +8,13 @@ result). View prims (reshape, permute, expand, slice, as_strided) only make a ne
 call that reads it.
 
 Sizes are ints, or expressions over the graph's symbolic ``sizes`` (the tuples of
-``compiled_autograd.symbolic``) when the graph is dynamic.
+``compiled_autograd.ir.symbolic``) when the graph is dynamic.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.symbolic import boxed_symbol, evaluate, expr_of, expr_text
+from compiled_autograd.ir.symbolic import boxed_symbol, evaluate, expr_of, expr_text
 
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
           np.dtype(np.int64): "int64_t", np.dtype(np.int32): "int32_t",

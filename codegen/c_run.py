@@ -35,9 +35,9 @@ import numpy as np
 from codegen import arena as arena_plan
 from codegen.c import generate
 from codegen.c_layout import Val, value_of
-from compiled_autograd.hook_calls import CALL_HOOK
-from compiled_autograd.node import accumulate_into
-from compiled_autograd.symbolic import resolve
+from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from compiled_autograd.autograd.node import accumulate_into
+from compiled_autograd.ir.symbolic import resolve
 from runtime import cbuild, memory
 from runtime.extension import Extension
 

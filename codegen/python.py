@@ -20,9 +20,9 @@ from functools import partial
 
 import jinja2
 
-from compiled_autograd.graph import Node
-from compiled_autograd.hook_calls import CALL_HOOK
-from compiled_autograd.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
+from compiled_autograd.ir.graph import Node
+from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from runtime import memory
 from runtime.loader import load_python
 from runtime.prims import PRIMS, run_kernel

@@ -30,7 +30,7 @@ class Model:
         self.description = description
 
     def loss(self):
-        from compiled_autograd.tensor import Tensor
+        from compiled_autograd.autograd.tensor import Tensor
         try:
             loss = self.make_loss()
         except UsageError:
@@ -109,7 +109,7 @@ def load_model(args):
 
 def _leaves(loss):
     """The leaf tensors the backward of ``loss`` accumulates into."""
-    from compiled_autograd.node import AccumulateGrad
+    from compiled_autograd.autograd.node import AccumulateGrad
     seen, stack, leaves = set(), [loss.grad_fn], []
     while stack:
         fn = stack.pop()
@@ -260,7 +260,7 @@ def cmd_memory(args, out):
         out(f"{len(events)} recompute/reload events; first at step {events[0].index} "
             f"({events[0].node}, {events[0].event}, {events[0].allocated:,} bytes)")
     if args.report:
-        from compiled_autograd.report import write_report
+        from compiled_autograd.memory.report import write_report
         planned = [(s.node, s.peak_bytes) for s in plan.steps]
         write_report(prof.timeline, args.report, title=f"Backward memory: {model.description}",
                      peak_bytes=prof.peak_bytes, planned=planned, summary_rows=[

@@ -8,7 +8,7 @@ interpreter's headers (``cbuild.build_extension``: the C backend's private
 cache, so a second process loads it without compiling) and imports it; without a
 compiler or the headers it returns None and ``status()`` says why, so the
 caller's Python code runs instead. Used by the cache hit's walks
-(``compiled_autograd.native_walk``) and the C backend's call
+(``compiled_autograd.compiled.native_walk``) and the C backend's call
 (``codegen.c_run``).
 """
 from __future__ import annotations

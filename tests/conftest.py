@@ -30,7 +30,7 @@ def cache(tmp_path, monkeypatch):
     the cache hit's C walk and the C backend's call, are loaded first, from the usual
     cache: this one holds only what the test builds.)"""
     from codegen.c_run import C_CALL
-    from compiled_autograd import native_walk
+    from compiled_autograd.compiled import native_walk
     native_walk.module()
     C_CALL.module()
     path = tmp_path / "cache"

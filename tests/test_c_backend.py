@@ -20,7 +20,7 @@ from codegen import arena
 from codegen.c import generate
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
-from compiled_autograd.interpreter import Interpreter
+from compiled_autograd.compiled.interpreter import Interpreter
 from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from op_cases import CASES, make_inputs

@@ -12,7 +12,8 @@ import pytest
 
 import compiled_autograd as ca
 from codegen.c_run import C_CALL, CBackward
-from compiled_autograd import compiled, engine
+from compiled_autograd.compiled import api as compiled
+from compiled_autograd.autograd import engine
 from compiled_autograd.examples import build
 from helpers import MLP, TRANSFORMER, needs_cc, status_with
 

@@ -293,7 +293,7 @@ def test_user_compiler_fn_receives_the_graph():
 
     def compiler(graph):
         seen.append(len(graph.nodes))
-        from compiled_autograd.interpreter import Interpreter
+        from compiled_autograd.compiled.interpreter import Interpreter
         return Interpreter(graph)
 
     x = ca.randn(3, requires_grad=True)
@@ -417,7 +417,7 @@ def test_custom_function_saved_values_are_released_after_a_compiled_backward():
 def test_a_new_compiler_callable_never_hits_an_old_ones_entry():
     """The cache is keyed by the compiler itself: a freed callable's id, handed on
     to the next one, must not find the old compiled graph."""
-    from compiled_autograd.interpreter import Interpreter
+    from compiled_autograd.compiled.interpreter import Interpreter
     calls = []
     x = ca.randn(3, requires_grad=True)
     for i in range(3):
@@ -433,7 +433,7 @@ def test_a_new_compiler_callable_never_hits_an_old_ones_entry():
 def test_a_compiler_that_cannot_be_hashed():
     from dataclasses import dataclass
 
-    from compiled_autograd.interpreter import Interpreter
+    from compiled_autograd.compiled.interpreter import Interpreter
 
     @dataclass
     class Compiler:            # a dataclass: __hash__ is None

@@ -9,7 +9,7 @@ import pytest
 import compiled_autograd as ca
 import fuzz_ops
 from compiled_autograd.examples import build
-from compiled_autograd.symbolic import ShapeEnv, SymFloat, SymInt
+from compiled_autograd.ir.symbolic import ShapeEnv, SymFloat, SymInt
 from helpers import BACKENDS, assert_backend_matches
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
@@ -51,7 +51,7 @@ def test_dynamic_true_starts_dynamic_and_prints_symbols(backend):
     ca.reset_compiled_autograd()
     with ca.compiled_backward(backend=backend, dynamic=True):
         g.loss().backward()
-    (family,) = __import__("compiled_autograd").compiled._cache.values()
+    (family,) = __import__("compiled_autograd").compiled.api._cache.values()
     text = str(family.entries[0][2].graph)
     assert "shape=(s" in text and ": f32[s" in text
 

@@ -10,7 +10,10 @@ import pytest
 
 import compiled_autograd as ca
 import test_compiled
-from compiled_autograd import compiled, engine, native_walk, tracer
+from compiled_autograd.compiled import api as compiled
+from compiled_autograd.autograd import engine
+from compiled_autograd.compiled import native_walk
+from compiled_autograd.compiled import tracer
 from compiled_autograd.examples import build
 from helpers import needs_cc
 from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
@@ -204,7 +207,7 @@ def test_without_a_compiler_the_python_walk_runs(monkeypatch, tmp_path):
 
 def test_ca_native_walk_0_turns_it_off():
     from helpers import status_with
-    assert (status_with("CA_NATIVE_WALK", "compiled_autograd", "native_walk")
+    assert (status_with("CA_NATIVE_WALK", "compiled_autograd.compiled", "native_walk")
             == "None python: disabled by CA_NATIVE_WALK=0")
     with native_walk.disabled():
         assert native_walk.module() is None
@@ -225,7 +228,7 @@ def test_the_walk_compiles_without_warnings(tmp_path):
 def test_a_changed_class_is_read_anew(monkeypatch):
     """The C walk reads __slots__ members at offsets kept per type; a type changed
     since (here a member replaced by a property) must be read through Python."""
-    from compiled_autograd.saved_variable import SavedVariable
+    from compiled_autograd.autograd.saved_variable import SavedVariable
     x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
     for _ in range(2):                        # a miss, then a hit: the offsets are kept
         with ca.compiled_backward(backend="python"):
@@ -240,7 +243,7 @@ def test_a_changed_class_is_read_anew(monkeypatch):
 def test_a_borrowed_slot_descriptor_is_refused_as_python_does():
     """A class holding another class's member descriptor: getattr raises, and the
     C walk's offset reads must not read the other layout (it once crashed)."""
-    from compiled_autograd.node import Node
+    from compiled_autograd.autograd.node import Node
 
     class Plain:
         next_functions = Node.__dict__["next_functions"]

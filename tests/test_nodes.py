@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from compiled_autograd.compiled_args import CompiledNodeArgs, SwapSavedVariables
-from compiled_autograd.node import AccumulateGrad, CopySlices, Node
+from compiled_autograd.compiled.compiled_args import CompiledNodeArgs, SwapSavedVariables
+from compiled_autograd.autograd.node import AccumulateGrad, CopySlices, Node
 from op_cases import CASES, make_inputs
 
 
@@ -113,7 +113,8 @@ def test_node_api():
 
 
 def _collect_both_ways(loss, inputs=None):
-    from compiled_autograd import engine, tracer
+    from compiled_autograd.autograd import engine
+    from compiled_autograd.compiled import tracer
     roots = engine._make_root_grads([loss], None, False)
     edges = None if inputs is None else engine._edges_of(inputs, "inputs")
     out = []

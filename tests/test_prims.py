@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from compiled_autograd.node import NODE_CLASSES, PrimBackward
+from compiled_autograd.autograd.node import NODE_CLASSES, PrimBackward
 from op_cases import CASES, make_inputs
 from runtime.prims import PRIMS
 

@@ -1,4 +1,4 @@
-"""compiled_autograd.report: live series, HTML/text/JSON reports, atomic writes and
+"""compiled_autograd.memory.report: live series, HTML/text/JSON reports, atomic writes and
 the PyTorch memory-viewer snapshot, on a real profile of a checkpointed MLP."""
 import copy
 import json
@@ -9,7 +9,7 @@ import re
 import pytest
 
 import compiled_autograd as ca
-from compiled_autograd import report
+from compiled_autograd.memory import report
 from compiled_autograd.examples import build
 from runtime.memory import CATEGORIES, Event
 

@@ -63,7 +63,7 @@ def test_measured_schedule_aligns_node_by_node(offload):
 def test_last_uses_follows_the_read_positions_it_is_given():
     """Graph.last_uses is the one liveness analysis; a code generator that reads a
     node's inputs later than its place (the C backend's fused loops) passes where."""
-    from compiled_autograd.graph import Graph
+    from compiled_autograd.ir.graph import Graph
     g = Graph()
     x = g.create_node("placeholder", "inputs")
     a = g.create_node("call_function", "neg", (x,))

@@ -1,7 +1,7 @@
 """ca.autograd: backward, grad, gradcheck (torch.autograd's names)."""
-from compiled_autograd.engine import backward, grad
+from compiled_autograd.autograd.engine import backward, grad
 from compiled_autograd.autograd.gradcheck import gradcheck
-from compiled_autograd.function import Function
+from compiled_autograd.autograd.function import Function
 from compiled_autograd.autograd import graph
 
 __all__ = ["backward", "grad", "gradcheck", "Function", "graph"]

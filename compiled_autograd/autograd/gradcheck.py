@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.engine import grad
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.autograd.engine import grad
+from compiled_autograd.autograd.tensor import Tensor
 
 
 class GradcheckError(RuntimeError):

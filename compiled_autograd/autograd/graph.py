@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from runtime import memory
-from compiled_autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
+from compiled_autograd.autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
                                            saved_tensors_hooks)
 
 __all__ = ["saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_disk",
@@ -95,7 +95,7 @@ class save_on_disk(saved_tensors_hooks):
 
     @staticmethod
     def _unpack(handle):
-        from compiled_autograd.tensor import Tensor
+        from compiled_autograd.autograd.tensor import Tensor
         arr = np.fromfile(handle.path, dtype=handle.dtype)
         if arr.nbytes != handle.nbytes:
             raise RuntimeError(f"save_on_disk: the file {handle.path} holding a saved tensor "

@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 
-from compiled_autograd import random as _random
-from compiled_autograd.tensor import Tensor
-from compiled_autograd.tensor_methods import _float
+from compiled_autograd.autograd import random as _random
+from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_methods import _float
 from runtime.memory import on_array
 from runtime.prims import ops
 

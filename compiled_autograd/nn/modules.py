@@ -6,10 +6,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from compiled_autograd import random as _random
-from compiled_autograd.grad_mode import no_grad
+from compiled_autograd.autograd import random as _random
+from compiled_autograd.autograd.grad_mode import no_grad
 from compiled_autograd.nn import functional as F
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory as _rt_memory
 
 

@@ -1,5 +1,5 @@
 """ca.utils.checkpoint: activation checkpointing (see compiled_autograd/checkpoint.py)."""
-from compiled_autograd.checkpoint import (CheckpointError, CheckpointPolicy,
+from compiled_autograd.autograd.checkpoint import (CheckpointError, CheckpointPolicy,
                                          SelectiveCheckpointContext, checkpoint,
                                          checkpoint_sequential,
                                          create_selective_checkpoint_contexts,

@@ -15,16 +15,17 @@ import contextlib
 
 import numpy as np
 
-from compiled_autograd import engine, native_walk
-from compiled_autograd import hooks as _hooks
-from compiled_autograd.compiled_args import (_INDEX_PARAMS, _NO_PARAMS, _PARAM_SPLITS,
+from compiled_autograd.autograd import engine
+from compiled_autograd.compiled import native_walk
+from compiled_autograd.autograd import hooks as _hooks
+from compiled_autograd.compiled.compiled_args import (_INDEX_PARAMS, _NO_PARAMS, _PARAM_SPLITS,
                                              CompiledNodeArgs, SwapSavedVariables,
                                              _params_split)
-from compiled_autograd.graph import BOXED, Graph
-from compiled_autograd.node import NODE_CLASSES, AccumulateGrad, PrimBackward
-from compiled_autograd.saved_variable import SavedVariable
-from compiled_autograd.symbolic import SymFloat, SymInt, hint
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.ir.graph import BOXED, Graph
+from compiled_autograd.autograd.node import NODE_CLASSES, AccumulateGrad, PrimBackward
+from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.ir.symbolic import SymFloat, SymInt, hint
+from compiled_autograd.autograd.tensor import Tensor
 
 
 class Proxy(Tensor):
@@ -237,7 +238,7 @@ def _element_strides(sv, shape):
     strides), else None. Other unpack hooks (a reload from disk, a user's) return
     arrays of their own making: no layout is promised, so none is recorded (a
     compiled backward would have to copy them into it)."""
-    from compiled_autograd.checkpoint import _Holder
+    from compiled_autograd.autograd.checkpoint import _Holder
     strides = getattr(sv, "strides", None)
     size = sv.dtype.itemsize
     if strides is None or not isinstance(sv.packed, _Holder) or \
@@ -247,7 +248,7 @@ def _element_strides(sv, shape):
 
 
 def _graph_aval(a):
-    from compiled_autograd.graph import Node, _Aval
+    from compiled_autograd.ir.graph import Node, _Aval
     return _Aval.of(a) if isinstance(a, Node) else a
 
 

@@ -3,7 +3,7 @@ for PyTorch's memory viewer.
 
     with ca.memory.profile() as prof:
         loss = model(x); loss.backward()
-    from compiled_autograd import report
+    from compiled_autograd.memory import report
     report.write_report(prof.timeline, "mem.html", title="my model",
                         peak_bytes=prof.peak_bytes)
     report.export_memory_viz(prof.timeline, "mem.pickle")   # pytorch.org/memory_viz
@@ -201,7 +201,7 @@ def _env():
     global _ENV
     if _ENV is None:
         import jinja2
-        _ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd", "templates"),
+        _ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd.memory", "templates"),
                                   autoescape=True, undefined=jinja2.StrictUndefined,
                                   trim_blocks=True, lstrip_blocks=True)
     return _ENV

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.saved_hooks import current_hooks
+from compiled_autograd.autograd.saved_hooks import current_hooks
 from runtime import memory as _rt_memory
 
 SECOND_BACKWARD_MSG = (
@@ -21,14 +21,14 @@ SECOND_BACKWARD_MSG = (
 
 
 def retag_saved(arr):
-    from compiled_autograd.memory import retag_saved as retag
+    from compiled_autograd.memory.profile import retag_saved as retag
     retag(arr)
 
 
 def checked_unpack(value, shape):
     """What an unpack hook returned, checked: a Tensor of the saved ``shape`` (None:
     any shape) -- eager's unpack and the compiled backward's."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     if not isinstance(value, Tensor):
         raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but "
                         f"got result of type {type(value).__name__}")
@@ -135,7 +135,7 @@ class SavedVariable:
     def unpack(self, owner):
         """The saved value as a Tensor; an output gets ``owner`` as its grad_fn."""
         self.check(owner.name())
-        from compiled_autograd.tensor import Tensor
+        from compiled_autograd.autograd.tensor import Tensor
         if self.unpack_hook is not None:
             value = self._call_unpack_hook()
             grad_fn = owner if self.is_output else self._edge_fn()
@@ -155,7 +155,7 @@ class SavedVariable:
     def _edge_fn(self):
         """The node gradients of the unpacked value flow to (under hooks)."""
         if self._leaf is not None:
-            from compiled_autograd.node import grad_accumulator
+            from compiled_autograd.autograd.node import grad_accumulator
             return grad_accumulator(self._leaf)
         return self._grad_fn
 
@@ -166,7 +166,7 @@ class SavedVariable:
             value = self._call_unpack_hook()
             grad_fn = self._edge_fn()
             if grad_fn is not None:
-                from compiled_autograd.tensor import Tensor
+                from compiled_autograd.autograd.tensor import Tensor
                 t = Tensor._make(value._data)
                 t._grad_fn, t._output_nr = grad_fn, self._output_nr
                 return t

@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 
-from compiled_autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.saved_variable import SavedVariable
 from runtime.memory import on_array
 from runtime.prims import PRIMS, VJPContext, ops
 
@@ -57,12 +57,12 @@ class Node:
 
     def register_prehook(self, fn):
         """``fn(grad_outputs) -> new grad_outputs or None`` before the node runs."""
-        from compiled_autograd.hooks import register_node_prehook
+        from compiled_autograd.autograd.hooks import register_node_prehook
         return register_node_prehook(self, fn)
 
     def register_hook(self, fn):
         """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None`` after it runs."""
-        from compiled_autograd.hooks import register_node_hook
+        from compiled_autograd.autograd.hooks import register_node_hook
         return register_node_hook(self, fn)
 
     def saved_variables(self):
@@ -270,7 +270,7 @@ _tensor = []
 def _tensor_class():
     """Tensor (imported on first use: tensor.py imports this module)."""
     if not _tensor:
-        from compiled_autograd.tensor import Tensor
+        from compiled_autograd.autograd.tensor import Tensor
         _tensor.append(Tensor)
     return _tensor[0]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.dispatch import apply_inplace
-from compiled_autograd.tensor import Tensor
-from compiled_autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
+from compiled_autograd.autograd.dispatch import apply_inplace
+from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
 from runtime.prims import PRIMS, ops
 
 

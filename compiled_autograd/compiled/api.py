@@ -21,10 +21,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from compiled_autograd import engine, passes, tracer
-from compiled_autograd.grad_mode import set_grad_enabled
-from compiled_autograd.interpreter import Interpreter
-from compiled_autograd.symbolic import ShapeEnv, guards_hold
+from compiled_autograd.autograd import engine
+from compiled_autograd.ir import passes
+from compiled_autograd.compiled import tracer
+from compiled_autograd.autograd.grad_mode import set_grad_enabled
+from compiled_autograd.compiled.interpreter import Interpreter
+from compiled_autograd.ir.symbolic import ShapeEnv, guards_hold
 from runtime import memory as _memory
 
 log = logging.getLogger("compiled_autograd")
@@ -103,7 +105,7 @@ class CompiledBackward:
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
         live at the peak, each unpacked value's unpack and free step."""
-        from compiled_autograd.schedule import memory_schedule
+        from compiled_autograd.memory.schedule import memory_schedule
         schedule = memory_schedule(self.graph, self.packed_kinds or ())
         schedule.arena = getattr(self.fn, "memory_plan", None)
         return schedule
@@ -369,7 +371,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
 
 def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
     """Trace the backward of ``loss`` into a graph; runs nothing and frees nothing."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     outputs = [loss] if isinstance(loss, Tensor) else list(loss)
     grads = None if grad_outputs is None else (
         [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs))
@@ -391,7 +393,7 @@ def packed_kinds(collected):
     """What each packed datum is: ("checkpoint", segment, alias), ("offload", None)
     or ("hook", None) -- for planning what an unpack allocates."""
     from compiled_autograd.autograd.graph import _OffloadedTensor
-    from compiled_autograd.checkpoint import _Holder
+    from compiled_autograd.autograd.checkpoint import _Holder
     hook_of = {}
     for sv in collected.saved:
         where = collected.slot.get(id(sv))

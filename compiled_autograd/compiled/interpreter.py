@@ -4,9 +4,9 @@ its last use (``Graph.last_uses``), so its memory behaviour is the generated cod
 """
 from __future__ import annotations
 
-from compiled_autograd.graph import map_nodes
-from compiled_autograd.hook_calls import CALL_HOOK
-from compiled_autograd.symbolic import contains_symbol, resolve
+from compiled_autograd.ir.graph import map_nodes
+from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from compiled_autograd.ir.symbolic import contains_symbol, resolve
 from runtime import memory
 from runtime.prims import PRIMS, run_kernel
 

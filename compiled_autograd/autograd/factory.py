@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd import random as _random
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.autograd import random as _random
+from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory
 
 DEFAULT_FLOAT = np.dtype(np.float32)

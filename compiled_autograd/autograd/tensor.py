@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd import dispatch
-from compiled_autograd.grad_mode import is_grad_enabled
-from compiled_autograd.saved_variable import type_name
+from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.grad_mode import is_grad_enabled
+from compiled_autograd.autograd.saved_variable import type_name
 from runtime.prims import ops
 
 
@@ -34,7 +34,7 @@ class Tensor:
 
     def __init__(self, data, requires_grad=False, dtype=None):
         """Prefer ``ca.tensor``; this wraps ``data`` like it."""
-        from compiled_autograd.factory import as_ndarray
+        from compiled_autograd.autograd.factory import as_ndarray
         from runtime.memory import on_array
         self._init(as_ndarray(data, dtype))
         on_array(self._data, "ca.tensor")
@@ -100,7 +100,7 @@ class Tensor:
         if base_edge[0] is None:
             self._grad_fn = None
             return
-        from compiled_autograd.node import node_class
+        from compiled_autograd.autograd.node import node_class
         from runtime.prims import PRIMS
         geometry = dispatch.view_geometry(self, base)
         self._grad_fn = node_class(PRIMS["as_strided"])(
@@ -150,7 +150,7 @@ class Tensor:
         if self.is_leaf:
             return
         self._retains_grad = True
-        from compiled_autograd.hooks import add_retain_grad
+        from compiled_autograd.autograd.hooks import add_retain_grad
         add_retain_grad(self)
 
     def detach(self):
@@ -172,11 +172,11 @@ class Tensor:
                          create_graph, inputs=inputs)
 
     def register_hook(self, hook):
-        from compiled_autograd.hooks import register_tensor_hook
+        from compiled_autograd.autograd.hooks import register_tensor_hook
         return register_tensor_hook(self, hook)
 
     def register_post_accumulate_grad_hook(self, hook):
-        from compiled_autograd.hooks import register_post_accumulate_grad_hook
+        from compiled_autograd.autograd.hooks import register_post_accumulate_grad_hook
         return register_post_accumulate_grad_hook(self, hook)
 
     # ------------------------------------------------------------ metadata
@@ -264,8 +264,9 @@ class Tensor:
 
 
 # Tensor methods for ops live in tensor_methods.py (installed on import).
-from compiled_autograd import tensor_inplace, tensor_methods  # noqa: E402,F401
+from compiled_autograd.autograd import tensor_inplace
+from compiled_autograd.autograd import tensor_methods# noqa: E402,F401
 # The engine imports this module (for backward, above).
-from compiled_autograd import engine as _engine  # noqa: E402
+from compiled_autograd.autograd import engine as _engine# noqa: E402
 
 __all__ = ["Tensor", "VersionCounter", "ops"]

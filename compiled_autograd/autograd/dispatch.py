@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.grad_mode import is_grad_enabled
-from compiled_autograd.node import CopySlices, grad_accumulator, node_class
-from compiled_autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.grad_mode import is_grad_enabled
+from compiled_autograd.autograd.node import CopySlices, grad_accumulator, node_class
+from compiled_autograd.autograd.saved_variable import SavedVariable
 from runtime.prims import run_kernel
 
 
@@ -32,7 +32,7 @@ _OUT = object()  # stands for a saved output until the result Tensor exists
 
 
 def _save(spec_item, args, needs):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     if isinstance(spec_item, tuple):
         item, cond = spec_item
         if not needs[cond]:
@@ -49,7 +49,7 @@ def _save(spec_item, args, needs):
 def _make_node(prim, args, params, edges, out_meta):
     """The prim's backward node; its inputs are saved now (before any in-place
     write, so that an operand aliasing the target fails the version check)."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     cls = node_class(prim)
     needs = tuple(fn is not None for fn, _ in edges)
     shapes = tuple(a.shape if isinstance(a, Tensor) else None for a in args)
@@ -74,7 +74,7 @@ def _attach(node, result):
 
 
 def _wants_grad(prim, args, out_dtype):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     if not (prim.differentiable and is_grad_enabled() and out_dtype.kind in "fc"):
         return False
     return any(isinstance(a, Tensor) and a.requires_grad for a in args)
@@ -95,7 +95,7 @@ def pop_interceptor(fn) -> None:
 
 def apply_prim(prim, args, params):
     """Run ``prim`` on Tensor (or scalar) arguments; record history if needed."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     arrays = [a._data if isinstance(a, Tensor) else a for a in args]
     if _interceptors:
         out = _interceptors[-1](prim, arrays, params)
@@ -178,7 +178,7 @@ def check_inplace(target):
 
 def apply_inplace(prim, args, params):
     """``args[0].<prim>_(*args[1:])``: compute, write in place, rebase history."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     target = args[0]
     check_inplace(target)
     arrays = [a._data if isinstance(a, Tensor) else a for a in args]
@@ -209,8 +209,8 @@ def apply_inplace(prim, args, params):
 
 
 def _rebase_history(node, target):
-    from compiled_autograd.hooks import move_retain_grad
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.hooks import move_retain_grad
+    from compiled_autograd.autograd.tensor import Tensor
     old_fn, old_nr = target._grad_fn, target._output_nr
     base = target._base
     if base is None:

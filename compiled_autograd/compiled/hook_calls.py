@@ -6,18 +6,18 @@ call them (``CALL_HOOK[kind]``).
 """
 from __future__ import annotations
 
-from compiled_autograd.hooks import _check_hook_result, _hook_name
-from compiled_autograd.node import accumulate_into
-from compiled_autograd.saved_variable import checked_unpack
+from compiled_autograd.autograd.hooks import _check_hook_result, _hook_name
+from compiled_autograd.autograd.node import accumulate_into
+from compiled_autograd.autograd.saved_variable import checked_unpack
 
 
 def _tensor(a):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     return None if a is None else Tensor._make(a)
 
 
 def _array(result, like, hook):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     if not isinstance(result, Tensor):
         raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
                         "expected a Tensor or None")

@@ -140,13 +140,13 @@ def _hook_name(hook) -> str:
 
 
 def _wrap(g):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     return g if g is None or isinstance(g, Tensor) else Tensor._make(g)
 
 
 def _unwrap(result, like, hook, create_graph):
     """A hook's replacement gradient, checked against the one it replaces."""
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     if not isinstance(result, Tensor):
         raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
                         "expected a Tensor or None")
@@ -155,7 +155,7 @@ def _unwrap(result, like, hook, create_graph):
 
 
 def _check_hook_result(result, like, hook):
-    from compiled_autograd.saved_variable import type_name
+    from compiled_autograd.autograd.saved_variable import type_name
     if like is None:
         raise RuntimeError("can't replace a None gradient with a non-None value")
     if tuple(result.shape) != tuple(like.shape):
@@ -210,7 +210,7 @@ def run_node_pre_hooks(fn, grads, create_graph):
 
 
 def _retain(t, g):
-    from compiled_autograd.tensor import Tensor
+    from compiled_autograd.autograd.tensor import Tensor
     from runtime.memory import on_array
     from runtime.prims import ops
     if isinstance(g, Tensor):  # create_graph: a differentiable copy, never an alias

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tracemalloc
 from contextlib import nullcontext
 
-from compiled_autograd.grad_mode import is_grad_enabled
+from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from runtime import memory as _rt
 from runtime.memory import CATEGORIES, Event  # noqa: F401  (re-exported)
 
@@ -118,14 +118,14 @@ class profile:
     def report(self, path, title="Memory profile", planned=None) -> str:
         """Write a report: ``.html`` (self-contained, SVG timeline), ``.txt`` or
         ``.json`` (the events), chosen by the suffix. Returns the path."""
-        from compiled_autograd.report import write_report
+        from compiled_autograd.memory.report import write_report
         write_report(self.timeline, path, title=title, peak_bytes=self.peak_bytes,
                      planned=planned)
         return path
 
     def export_memory_viz(self, path) -> str:
         """A snapshot pickle that PyTorch's memory viewer (memory_viz) loads."""
-        from compiled_autograd.report import export_memory_viz
+        from compiled_autograd.memory.report import export_memory_viz
         export_memory_viz(self.timeline, path)
         return path
 

@@ -7,8 +7,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from compiled_autograd.dispatch import apply_inplace
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.autograd.dispatch import apply_inplace
+from compiled_autograd.autograd.tensor import Tensor
 from runtime.prims import PRIMS, norm_dim, ops
 
 DEFAULT_FLOAT = np.dtype(np.float32)

@@ -22,12 +22,12 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from compiled_autograd import hooks as _hooks
-from compiled_autograd import native_walk
-from compiled_autograd.dispatch import gradient_edge
-from compiled_autograd.grad_mode import set_grad_enabled
-from compiled_autograd.node import AccumulateGrad, accumulate_into
-from compiled_autograd.tensor import Tensor
+from compiled_autograd.autograd import hooks as _hooks
+from compiled_autograd.compiled import native_walk
+from compiled_autograd.autograd.dispatch import gradient_edge
+from compiled_autograd.autograd.grad_mode import set_grad_enabled
+from compiled_autograd.autograd.node import AccumulateGrad, accumulate_into
+from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory as _rt_memory
 from runtime.prims import broadcast_shapes, ops, sum_to
 
@@ -445,4 +445,4 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 
 
 # Last: compiled.py imports this module (the compiled path of backward and grad).
-from compiled_autograd import compiled as _compiled  # noqa: E402
+from compiled_autograd.compiled import api as _compiled# noqa: E402
