@@ -172,7 +172,7 @@ def _cache_hit_time(make_loss, reps, native=True):
         for _ in range(reps):
             loss = make_loss()
             start = time.perf_counter()
-            roots = engine._make_root_grads([loss], None, False)
+            roots = engine.make_root_grads([loss], None, False)
             compiled.lookup(roots, None, True, options)
             times.append(time.perf_counter() - start)
             # The roots hold the graph: free it here, not in the next timed hit.

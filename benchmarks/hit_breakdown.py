@@ -45,7 +45,7 @@ def breakdown(case, reps):
             loss = make_loss()
             in_hit[0] = True
             start = time.perf_counter()
-            roots = engine._make_root_grads([loss], None, False)
+            roots = engine.make_root_grads([loss], None, False)
             task, collected, _ = compiled.lookup(roots, None, True, options)
             hit_times.append(time.perf_counter() - start)
             in_hit[0] = False

@@ -24,7 +24,7 @@ from compiled_autograd.ir.symbolic import ShapeEnv
 
 def _roots(loss):
     from compiled_autograd.autograd import engine
-    return engine._make_root_grads([loss], None, create_graph=False)
+    return engine.make_root_grads([loss], None, create_graph=False)
 
 
 def collect_and_lookup(loss, options):

@@ -7,16 +7,16 @@ import numpy as _np
 
 import runtime as _runtime  # noqa: F401  (fills the prim table)
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.autograd.factory import (arange, from_numpy, full, ones, ones_like, rand,
-                                       randint, randn, tensor, zeros, zeros_like)
-from compiled_autograd.autograd.tensor_methods import cat, maximum, minimum, stack, where
+from compiled_autograd.autograd.factory import (arange, cat, from_numpy, full, maximum, minimum,
+                                                ones, ones_like, rand, randint, randn, stack,
+                                                tensor, where, zeros, zeros_like)
 from compiled_autograd.autograd.grad_mode import (enable_grad, is_grad_enabled, no_grad,
                                          set_grad_enabled)
 from compiled_autograd.autograd.random import get_rng_state, manual_seed, set_rng_state
 from compiled_autograd import autograd, memory, nn, utils  # noqa: E402
-from compiled_autograd.compiled.api import (compiled_autograd_stats, compiled_backward,  # noqa: E402
-                                        register_backend, reset_compiled_autograd,
-                                        trace_backward)
+from compiled_autograd.compiled.api import compiled_backward, trace_backward
+from compiled_autograd.compiled.backends import register_backend
+from compiled_autograd.compiled.cache import compiled_autograd_stats, reset_compiled_autograd
 
 float32 = _np.float32
 float64 = _np.float64

@@ -214,3 +214,12 @@ def _install():
     """Point the prim table's kernel hook at ``on_kernel`` while tracking."""
     from runtime import prims
     prims.set_kernel_hook(on_kernel if _trackers else None)
+
+
+def retag_saved(arr) -> None:
+    """A storage saved for backward: activation -> saved."""
+    key = id(_root(arr))
+    for tracker in _trackers:
+        entry = tracker.live.get(key)
+        if entry is not None and entry[1] == "activation":
+            tracker.retag(arr, "saved")

@@ -13,6 +13,7 @@ import pytest
 import compiled_autograd as ca
 from codegen.c_run import C_CALL, CBackward
 from compiled_autograd.compiled import api as compiled
+from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
 from compiled_autograd.examples import build
 from helpers import MLP, TRANSFORMER, needs_cc, status_with
@@ -40,7 +41,7 @@ def _compiled_fn():
 
 
 def _compiled_fns():
-    return [entry.fn for family in compiled._cache.values() for _, _, entry in family.entries]
+    return [entry.fn for family in cache.families.values() for _, _, entry in family.entries]
 
 
 def _grads_of(make_loss, params, python_path):
@@ -195,7 +196,7 @@ def _autograd_nodes(loss):
 def _boxed(loss):
     """(the CBackward, its boxed arguments) of a cache hit, as compiled.run makes them."""
     options = ca.compiled_backward(backend="c")
-    roots = engine._make_root_grads([loss], None, False)
+    roots = engine.make_root_grads([loss], None, False)
     task, collected, entry = compiled.lookup(roots, None, True, options)
     inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
     return entry.fn, [inputs, collected.sizes, collected.scalars, collected.hooks,

@@ -47,7 +47,7 @@ def test_default_backend_is_python_and_code_is_cached():
     assert opts.backend == "python"
     stats = ca.compiled_autograd_stats()
     assert stats["compiles"] == 1 and stats["cache_hits"] == 1
-    (entry,) = [e for fam in ca.compiled.api._cache.values() for _, _, e in fam.entries]
+    (entry,) = [e for fam in ca.compiled.cache.families.values() for _, _, e in fam.entries]
     assert "def compiled_backward(inputs, sizes, scalars, hooks, packed_data):" in entry.fn.code
 
 
@@ -99,6 +99,6 @@ def test_dynamic_sizes_in_generated_code():
             ex.loss().backward()
         for e, p in zip(expected, ex.parameters()):
             np.testing.assert_array_equal(e, p.grad.numpy())
-    (fam,) = ca.compiled.api._cache.values()
+    (fam,) = ca.compiled.cache.families.values()
     code = fam.entries[-1][2].fn.code
     assert "sizes[" in code

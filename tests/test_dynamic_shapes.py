@@ -51,7 +51,7 @@ def test_dynamic_true_starts_dynamic_and_prints_symbols(backend):
     ca.reset_compiled_autograd()
     with ca.compiled_backward(backend=backend, dynamic=True):
         g.loss().backward()
-    (family,) = __import__("compiled_autograd").compiled.api._cache.values()
+    (family,) = __import__("compiled_autograd").compiled.cache.families.values()
     text = str(family.entries[0][2].graph)
     assert "shape=(s" in text and ": f32[s" in text
 

@@ -11,6 +11,7 @@ import pytest
 import compiled_autograd as ca
 import test_compiled
 from compiled_autograd.compiled import api as compiled
+from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
 from compiled_autograd.compiled import native_walk
 from compiled_autograd.compiled import tracer
@@ -100,7 +101,7 @@ def test_the_c_walk_collects_what_the_python_walk_does(name, kw):
     with ca.compiled_backward(backend="python"):
         ex.loss().backward()                 # a miss: traced
     before = _Walks.compared
-    roots = engine._make_root_grads([ex.loss()], None, False)
+    roots = engine.make_root_grads([ex.loss()], None, False)
     with native_walk.disabled():
         py = _prepare_plain(roots)
     c = _prepare_plain(roots, native=True)
@@ -127,8 +128,8 @@ def test_a_hit_key_is_the_stored_key_item_for_item():
     native_walk.module().clear_shared()    # not emptied (when half full) in between
     with ca.compiled_backward(backend="python"):
         _chain_loss(x, 200).backward()
-    (stored,) = [k[-1] for k in compiled._cache]
-    roots = engine._make_root_grads([_chain_loss(x, 200)], None, False)
+    (stored,) = [k[-1] for k in cache.families]
+    roots = engine.make_root_grads([_chain_loss(x, 200)], None, False)
     key = _prepare_plain(roots, native=True)[2]
     assert key == stored
     different = [a for a, b in zip(stored, key) if a is not b]
@@ -147,7 +148,7 @@ def test_more_shared_tuples_than_the_table_keeps():
             _chain_loss(x, 9000).backward()     # two new tuples per node
         grads.append(x.grad.numpy().copy())
     assert ca.compiled_autograd_stats()["cache_hits"] == 1
-    roots = engine._make_root_grads([_chain_loss(x, 9000)], None, False)
+    roots = engine.make_root_grads([_chain_loss(x, 9000)], None, False)
     tuples = set()
 
     def walk(t):
@@ -164,7 +165,8 @@ def test_more_shared_tuples_than_the_table_keeps():
 
 
 def _prepare_plain(roots, native=False):
-    task = engine.make_task(roots, keep_graph=True, create_graph=False, native=native)
+    discover = native_walk.module().discover if native else None
+    task = engine.make_task(roots, keep_graph=True, create_graph=False, discover=discover)
     collected = tracer.collect(task, roots, record=False)
     return task, collected, collected.freeze()
 
@@ -228,7 +230,7 @@ def test_the_walk_compiles_without_warnings(tmp_path):
 def test_a_changed_class_is_read_anew(monkeypatch):
     """The C walk reads __slots__ members at offsets kept per type; a type changed
     since (here a member replaced by a property) must be read through Python."""
-    from compiled_autograd.autograd.saved_variable import SavedVariable
+    from compiled_autograd.autograd.node import SavedVariable
     x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
     for _ in range(2):                        # a miss, then a hit: the offsets are kept
         with ca.compiled_backward(backend="python"):

@@ -115,8 +115,8 @@ def test_node_api():
 def _collect_both_ways(loss, inputs=None):
     from compiled_autograd.autograd import engine
     from compiled_autograd.compiled import tracer
-    roots = engine._make_root_grads([loss], None, False)
-    edges = None if inputs is None else engine._edges_of(inputs, "inputs")
+    roots = engine.make_root_grads([loss], None, False)
+    edges = None if inputs is None else engine.edges_of(inputs, "inputs")
     out = []
     for record in (True, False):
         task = engine.make_task(roots, keep_graph=True, create_graph=False, input_edges=edges,

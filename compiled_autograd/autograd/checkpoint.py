@@ -27,13 +27,14 @@ import weakref
 from collections import defaultdict
 
 from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd import random as _random
 from compiled_autograd.autograd.engine import backward as _backward
 from compiled_autograd.autograd.engine import current_graph_task, current_graph_task_id
 from compiled_autograd.autograd.function import Function
 from compiled_autograd.autograd.grad_mode import enable_grad, is_grad_enabled, set_grad_enabled
 from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
-from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.node import SavedVariable
 from runtime import memory
 from runtime.prims import run_kernel
 
@@ -160,6 +161,8 @@ class _RecomputationHooks(saved_tensors_hooks):
 class _CheckpointHooks(saved_tensors_hooks):
     """During the forward: store holders; on first unpack in a backward, recompute."""
 
+    kind = "checkpoint"   # packed data: a _Holder (its .alias: recomputing allocates nothing)
+
     def __init__(self, frame):
         def pack(x):
             root = x._base if x._base is not None else x
@@ -228,7 +231,6 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=_noop_contexts,
         if kwargs:
             raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
         return _checkpoint_reentrant(function, preserve_rng_state, *args)
-    from compiled_autograd.autograd.tensor import Tensor
     forward_ctx, recompute_ctx = context_fn()
     rng_state = _random.get_rng_state() if preserve_rng_state else None
     grad_was_enabled = is_grad_enabled()
@@ -260,7 +262,6 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=_noop_contexts,
 class _CheckpointFunction(Function):
     @staticmethod
     def forward(ctx, run_function, preserve_rng_state, *args):
-        from compiled_autograd.autograd.tensor import Tensor
         ctx.run_function = run_function
         ctx.rng_state = _random.get_rng_state() if preserve_rng_state else None
         ctx.positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
@@ -270,7 +271,6 @@ class _CheckpointFunction(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        from compiled_autograd.autograd.tensor import Tensor
         if any(type(g).__name__ == "Proxy" for g in grads):
             raise RuntimeError("compiled autograd: checkpoint(use_reentrant=True) runs a "
                                "nested backward and cannot be traced; use "
@@ -305,7 +305,6 @@ class _CheckpointFunction(Function):
 
 
 def _checkpoint_reentrant(function, preserve_rng_state, *args):
-    from compiled_autograd.autograd.tensor import Tensor
     if not any(isinstance(a, Tensor) and a.requires_grad for a in args):
         warnings.warn("None of the inputs have requires_grad=True. Gradients will be None")
     return _CheckpointFunction.apply(function, preserve_rng_state, *args)

@@ -12,27 +12,16 @@ from __future__ import annotations
 import numpy as np
 
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
-from compiled_autograd.autograd.node import CopySlices, grad_accumulator, node_class
-from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.hooks import move_retain_grad
+from compiled_autograd.autograd.node import CopySlices, SavedVariable, gradient_edge, node_class
+from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime.prims import run_kernel
-
-
-def gradient_edge(t):
-    """Where the gradient of ``t`` goes: (grad_fn, output_nr), the leaf's
-    AccumulateGrad, or None when ``t`` does not require grad."""
-    fn = t.grad_fn
-    if fn is not None:
-        return fn, t._output_nr
-    if t._requires_grad:
-        return grad_accumulator(t), 0
-    return None, 0
 
 
 _OUT = object()  # stands for a saved output until the result Tensor exists
 
 
 def _save(spec_item, args, needs):
-    from compiled_autograd.autograd.tensor import Tensor
     if isinstance(spec_item, tuple):
         item, cond = spec_item
         if not needs[cond]:
@@ -41,19 +30,19 @@ def _save(spec_item, args, needs):
     if spec_item == "out":
         return _OUT
     if spec_item == "tail":
-        return tuple(SavedVariable(a, False) if isinstance(a, Tensor) else a for a in args[1:])
+        return tuple(SavedVariable(a, False) if isinstance(a, TensorBase) else a
+                     for a in args[1:])
     value = args[spec_item]
-    return SavedVariable(value, is_output=False) if isinstance(value, Tensor) else value
+    return SavedVariable(value, is_output=False) if isinstance(value, TensorBase) else value
 
 
 def _make_node(prim, args, params, edges, out_meta):
     """The prim's backward node; its inputs are saved now (before any in-place
     write, so that an operand aliasing the target fails the version check)."""
-    from compiled_autograd.autograd.tensor import Tensor
     cls = node_class(prim)
     needs = tuple(fn is not None for fn, _ in edges)
-    shapes = tuple(a.shape if isinstance(a, Tensor) else None for a in args)
-    dtypes = tuple(a.dtype if isinstance(a, Tensor) else None for a in args)
+    shapes = tuple(a.shape if isinstance(a, TensorBase) else None for a in args)
+    dtypes = tuple(a.dtype if isinstance(a, TensorBase) else None for a in args)
     node = cls(edges, (out_meta,), (), params, shapes, dtypes)
     node.saved = tuple(_save(s, args, needs) for s in prim.save)
     return node
@@ -74,10 +63,9 @@ def _attach(node, result):
 
 
 def _wants_grad(prim, args, out_dtype):
-    from compiled_autograd.autograd.tensor import Tensor
     if not (prim.differentiable and is_grad_enabled() and out_dtype.kind in "fc"):
         return False
-    return any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    return any(isinstance(a, TensorBase) and a.requires_grad for a in args)
 
 
 # Selective checkpointing intercepts prim calls on Tensors: the innermost
@@ -93,27 +81,42 @@ def pop_interceptor(fn) -> None:
     _interceptors.remove(fn)
 
 
-def apply_prim(prim, args, params):
-    """Run ``prim`` on Tensor (or scalar) arguments; record history if needed."""
-    from compiled_autograd.autograd.tensor import Tensor
-    arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+def make_view(data, source):
+    """A Tensor over ``data``, a view of ``source``'s storage: it shares the base's
+    version counter and remembers how it was made."""
+    t = source._make(data)
+    base = source._base if source._base is not None else source
+    t._base = base
+    t._version_counter = base._version_counter
+    t._view_version = base._version_counter.value
+    if not is_grad_enabled():
+        t._creation = "no_grad"
+    elif source._creation is not None:
+        t._creation = source._creation   # a view of such a view is one too (as torch)
+    return t
+
+
+def apply_prim(prim, args, params, make):
+    """Run ``prim`` on Tensor (or scalar) arguments; record history if needed.
+    ``make`` is Tensor._make (Tensor's ``__prim_call__`` passes it)."""
+    arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
     if _interceptors:
         out = _interceptors[-1](prim, arrays, params)
     else:
         out = run_kernel(prim, arrays, params)
     if type(out) is not np.ndarray:
         out = np.asarray(out)
-    source = args[0] if args and isinstance(args[0], Tensor) else None
+    source = args[0] if args and isinstance(args[0], TensorBase) else None
     if prim.view and source is not None and np.may_share_memory(out, arrays[0]):
-        result = Tensor._make_view(out, source)
+        result = make_view(out, source)
     else:
         if not out.flags.c_contiguous:
             # Bases are kept C-contiguous: a view's geometry is then its offset and
             # strides in the base's C order (what as_strided/CopySlices use).
             out = np.ascontiguousarray(out)
-        result = Tensor._make(out)
+        result = make(out)
     if _wants_grad(prim, args, out.dtype):
-        edges = [gradient_edge(a) if isinstance(a, Tensor) else (None, 0) for a in args]
+        edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
         _attach(_make_node(prim, args, params, edges, (result.shape, result.dtype)), result)
     if _interceptors:
         _interceptors[-1].observe(result)
@@ -178,10 +181,9 @@ def check_inplace(target):
 
 def apply_inplace(prim, args, params):
     """``args[0].<prim>_(*args[1:])``: compute, write in place, rebase history."""
-    from compiled_autograd.autograd.tensor import Tensor
     target = args[0]
     check_inplace(target)
-    arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+    arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
     out = run_kernel(prim, arrays, params)
     if tuple(np.shape(out)) != target.shape:
         raise RuntimeError(
@@ -193,11 +195,11 @@ def apply_inplace(prim, args, params):
                            "tensor before performing the operation.")
     node = None
     if _wants_grad(prim, args, target.dtype):
-        edges = [gradient_edge(a) if isinstance(a, Tensor) else (None, 0) for a in args]
+        edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
         old = target
         if any(s == 0 or (isinstance(s, tuple) and s[0] == 0) for s in prim.save):
             # The formula needs target's old value, which is about to be overwritten.
-            old = Tensor._make(target._data.copy())
+            old = target._make(target._data.copy())
             old._grad_fn, old._output_nr = target.grad_fn, target._output_nr
         node = _make_node(prim, (old,) + tuple(args[1:]), params, edges,
                           (target.shape, target.dtype))
@@ -209,8 +211,6 @@ def apply_inplace(prim, args, params):
 
 
 def _rebase_history(node, target):
-    from compiled_autograd.autograd.hooks import move_retain_grad
-    from compiled_autograd.autograd.tensor import Tensor
     old_fn, old_nr = target._grad_fn, target._output_nr
     base = target._base
     if base is None:
@@ -218,7 +218,7 @@ def _rebase_history(node, target):
     else:
         # In-place on a view: base's new history is CopySlices(node); the view's
         # is a view (as_strided) of that.
-        probe = Tensor._make(target._data)  # stands for the result while saving
+        probe = target._make(target._data)  # stands for the result while saving
         probe._grad_fn = node
         probe._version_counter = target._version_counter
         _save_output(node, probe)

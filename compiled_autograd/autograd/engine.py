@@ -12,22 +12,25 @@
 
 Gradients flow as ndarrays; under ``create_graph`` they are Tensors, so the same
 derivative formulas record a differentiable graph.
+
+The engine sits below Tensor: it makes the Tensors user hooks see with the roots'
+``_make``, and it does not know compiled autograd. Entering ``ca.compiled_backward``
+hands it a compiler for the duration (``set_compiler``, as torch's
+``set_autograd_compiler``); ``backward`` and ``grad`` then call ``compiler.run``.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
 from compiled_autograd.autograd import hooks as _hooks
-from compiled_autograd.compiled import native_walk
-from compiled_autograd.autograd.dispatch import gradient_edge
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
-from compiled_autograd.autograd.node import AccumulateGrad, accumulate_into
-from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.node import accumulate_into, gradient_edge
+from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime import memory as _rt_memory
 from runtime.prims import broadcast_shapes, ops, sum_to
 
@@ -36,7 +39,8 @@ def _shape_str(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _make_root_grads(tensors, grad_tensors, create_graph):
+def make_root_grads(tensors, grad_tensors, create_graph):
+    """[((node, input_nr), initial gradient)] of a backward from ``tensors``, checked."""
     if grad_tensors is None:
         grad_tensors = [None] * len(tensors)
     if len(grad_tensors) != len(tensors):
@@ -44,7 +48,7 @@ def _make_root_grads(tensors, grad_tensors, create_graph):
                            f"{len(tensors)} tensors")
     roots = []
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"element {i} of tensors is not a Tensor")
         edge = gradient_edge(t)
         if edge[0] is None:
@@ -56,10 +60,10 @@ def _make_root_grads(tensors, grad_tensors, create_graph):
             g = np.empty(t.shape, dtype=t.dtype)
             g.fill(1)                  # (np.ones, in a third of the time)
             _rt_memory.on_array(g, "grad_root", "gradient")
-            g = Tensor._make(g) if create_graph else g
+            g = t._make(g) if create_graph else g
         else:
-            if not isinstance(g, Tensor):
-                g = Tensor._make(np.asarray(g, dtype=t.dtype))
+            if not isinstance(g, TensorBase):
+                g = t._make(np.asarray(g, dtype=t.dtype))
             if tuple(g.shape) != tuple(t.shape):
                 raise RuntimeError(
                     f"Mismatch in shape: grad_output[{i}] has a shape of "
@@ -78,6 +82,19 @@ _task_ids = itertools.count()
 _running = threading.local()
 
 
+@contextmanager
+def running(task):
+    """``task`` is the backward running on this thread while inside (nests)."""
+    stack = getattr(_running, "stack", None)
+    if stack is None:
+        stack = _running.stack = []
+    stack.append(task)
+    try:
+        yield task
+    finally:
+        stack.pop()
+
+
 def current_graph_task():
     """The backward running on this thread (innermost), or None."""
     stack = getattr(_running, "stack", None)
@@ -93,10 +110,12 @@ def current_graph_task_id() -> int:
 class GraphTask:
     """One backward run: dependencies, exec_info, captures, buffers."""
 
-    def __init__(self, roots, keep_graph, create_graph, native=False):
+    def __init__(self, roots, keep_graph, create_graph, discover=None, make=None):
         self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
+        # Tensor._make, for the Tensors user hooks see (taken from the roots' tensors)
+        self.make = make
         self._dependencies = None
         self.nodes = []          # every reachable node, discovery order
         self.index = {}          # node -> its rank in discovery (first sight) order
@@ -105,9 +124,8 @@ class GraphTask:
         self.exec_info = None    # node -> needed (only when inputs are given)
         self.captures = {}       # (node, input_nr) -> capture index
         root_fns = [fn for (fn, _), _ in roots]
-        walk = native_walk.module() if native else None
-        if walk is not None:      # the same walk, in C (compiled autograd's cache hit)
-            walk.discover(root_fns, self.index, self._ranked, self.nodes, self.edges)
+        if discover is not None:    # the same walk, in C (compiled autograd's cache hit)
+            discover(root_fns, self.index, self._ranked, self.nodes, self.edges)
         else:
             self._discover(root_fns)
 
@@ -155,7 +173,7 @@ class GraphTask:
         for i, (fn, nr) in enumerate(input_edges):
             self.captures.setdefault((fn, nr), []).append(i)
             targets[fn] = targets.get(fn, False) or (
-                execute_leaf_inputs and isinstance(fn, AccumulateGrad))
+                execute_leaf_inputs and fn.accumulates_grad)
         # Post-order DFS: a node is needed if it is a target to execute or any
         # child leads to a target (a child's answer is known before its parent's).
         needed, expanded = {}, set()
@@ -194,7 +212,7 @@ def expected_shapes(fn):
     return [None if nxt is None else nxt.input_metadata[nr][0] for nxt, nr in fn.next_functions]
 
 
-def _validate(fn, grads, shapes=None):
+def validate(fn, grads, shapes=None):
     """Reduce/complain about gradients whose shape or dtype does not match
     (torch's validate_outputs), for gradients coming from user code. ``shapes``:
     the tracer's expected shapes (symbolic where sizes are dynamic); by default
@@ -226,13 +244,13 @@ def _validate(fn, grads, shapes=None):
 def _call_function(task, fn, grads):
     """Hooks around ``fn.apply`` in torch's order; returns the output gradients."""
     if _hooks.has_hooks(fn):
-        grads = _hooks.run_pre_hooks(fn, grads, task.create_graph)
-    if isinstance(fn, AccumulateGrad):
+        grads = _hooks.run_pre_hooks(fn, grads, task.create_graph, task.make)
+    if fn.accumulates_grad:
         if grads[0] is not None:
             accumulate_into(fn.variable, grads[0])
             _hooks.run_post_accumulate_grad_hooks(fn.variable)
         if fn.__dict__.get("_post_hooks"):
-            _hooks.run_post_hooks(fn, (), grads, task.create_graph)
+            _hooks.run_post_hooks(fn, (), grads, task.create_graph, task.make)
         return ()
     if all(g is None for g in grads):
         return (None,) * len(fn.next_functions)
@@ -241,15 +259,15 @@ def _call_function(task, fn, grads):
         raise RuntimeError(f"function {fn.name()} returned an incorrect number of gradients "
                            f"(expected {len(fn.next_functions)}, got {len(outputs)})")
     if fn.__dict__.get("_post_hooks"):
-        outputs = _hooks.run_post_hooks(fn, outputs, grads, task.create_graph)
+        outputs = _hooks.run_post_hooks(fn, outputs, grads, task.create_graph, task.make)
     return outputs
 
 
 def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True,
-              native=False):
+              discover=None, make=None):
     """The GraphTask of a backward from ``roots``, restricted to ``input_edges``;
-    ``native``: discover in C where available (native_walk)."""
-    task = GraphTask(roots, keep_graph, create_graph, native)
+    ``discover``: the discovery walk to use instead of Python's (the C one)."""
+    task = GraphTask(roots, keep_graph, create_graph, discover, make)
     if input_edges is not None:
         task.restrict_to(input_edges, execute_leaf_inputs=accumulate)
     return task
@@ -309,10 +327,11 @@ def capture(task, fn, grads, captured, run_tensor_hooks):
     return grads
 
 
-def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
+def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True, make=None):
     """Run a backward from ``roots`` [((node, input_nr), grad)]. With
-    ``input_edges``, returns the captured gradients at those edges."""
-    task = make_task(roots, keep_graph, create_graph, input_edges, accumulate)
+    ``input_edges``, returns the captured gradients at those edges. ``make``:
+    Tensor._make, for what user hooks see."""
+    task = make_task(roots, keep_graph, create_graph, input_edges, accumulate, make=make)
     # Validate before anything runs: the errors below change nothing.
     for fn in task.nodes:
         if task.will_run(fn):
@@ -323,7 +342,7 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
     def visit(fn, grads):
         if task.captures:
             grads = capture(task, fn, grads, captured, lambda f, gs: _hooks.run_tensor_pre_hooks(
-                f, gs, create_graph))
+                f, gs, create_graph, make))
         if not task.will_run(fn):
             return (None,) * len(fn.next_functions)
         if accounting:
@@ -333,41 +352,54 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True):
             outputs = _call_function(task, fn, grads)
         if not keep_graph:
             fn.release_variables()
-        if outputs and _needs_validation(fn):
-            outputs = _validate(fn, outputs)
+        if outputs and needs_validation(fn):
+            outputs = validate(fn, outputs)
         return outputs
 
-    stack = getattr(_running, "stack", None)
-    if stack is None:
-        stack = _running.stack = []
-    stack.append(task)
-    try:
-        with set_grad_enabled(create_graph), (
-                _rt_memory.category("gradient") if accounting else nullcontext()):
-            walk(task, roots, visit)
-    finally:
-        stack.pop()
+    with running(task), set_grad_enabled(create_graph), (
+            _rt_memory.category("gradient") if accounting else nullcontext()):
+        walk(task, roots, visit)
     return captured
 
 
-def _needs_validation(fn) -> bool:
+def needs_validation(fn) -> bool:
     """Built-in derivative formulas produce exact shapes; user code may not."""
     return getattr(fn, "user_code", False) or bool(fn.__dict__.get("_post_hooks"))
 
 
-def _compiled_options(create_graph):
-    """The active ``ca.compiled_backward`` options, or None for eager autograd."""
-    options = _compiled.current_options()
-    if options is not None and create_graph:
+_compilers = threading.local()
+
+
+@contextmanager
+def set_compiler(compiler):
+    """While inside, ``backward`` and ``grad`` run through ``compiler.run(roots,
+    retain_graph, input_edges, accumulate)`` (compiled autograd) instead of
+    ``execute``; contexts nest, the innermost wins (torch's set_autograd_compiler)."""
+    stack = getattr(_compilers, "stack", None)
+    if stack is None:
+        stack = _compilers.stack = []
+    stack.append(compiler)
+    try:
+        yield compiler
+    finally:
+        stack.pop()
+
+
+def current_compiler(create_graph=False):
+    """The compiler ``set_compiler`` handed over, or None for eager autograd."""
+    stack = getattr(_compilers, "stack", None)
+    compiler = stack[-1] if stack else None
+    if compiler is not None and create_graph:
         raise RuntimeError("compiled autograd: create_graph=True is not supported yet; run "
                            "this backward outside ca.compiled_backward()")
-    return options
+    return compiler
 
 
-def _edges_of(inputs, what):
+def edges_of(inputs, what):
+    """The gradient edges of ``inputs`` (Tensors that require grad)."""
     edges = []
     for t in inputs:
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"{what} must be Tensors")
         edge = gradient_edge(t)
         if edge[0] is None:
@@ -379,7 +411,7 @@ def _edges_of(inputs, what):
 def _as_list(x):
     if x is None:
         return None
-    return [x] if isinstance(x, Tensor) else list(x)
+    return [x] if isinstance(x, TensorBase) else list(x)
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
@@ -390,26 +422,27 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     grad_tensors = _as_list(grad_tensors)
     if retain_graph is None:
         retain_graph = create_graph
-    compiled = _compiled_options(create_graph)
-    roots = _make_root_grads(tensors, grad_tensors, create_graph)
+    compiler = current_compiler(create_graph)
+    roots = make_root_grads(tensors, grad_tensors, create_graph)
+    make = tensors[0]._make
     if inputs is None:
-        if compiled is not None:
-            _compiled.run(roots, retain_graph, options=compiled)
+        if compiler is not None:
+            compiler.run(roots, retain_graph)
         else:
-            execute(roots, retain_graph, create_graph)
+            execute(roots, retain_graph, create_graph, make=make)
         return
     inputs = _as_list(inputs)
     if not inputs:
         raise RuntimeError("'inputs' argument to backward() cannot be empty.")
-    edges = _edges_of(inputs, "inputs")
+    edges = edges_of(inputs, "inputs")
     # As torch: a non-leaf input retains its gradient (after its tensor hooks).
     for t in inputs:
         if not t.is_leaf and not t.retains_grad:
             t.retain_grad()
-    if compiled is not None:
-        _compiled.run(roots, retain_graph, edges, accumulate=True, options=compiled)
+    if compiler is not None:
+        compiler.run(roots, retain_graph, edges, accumulate=True)
     else:
-        execute(roots, retain_graph, create_graph, edges, accumulate=True)
+        execute(roots, retain_graph, create_graph, edges, accumulate=True, make=make)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
@@ -420,13 +453,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     grad_outputs = _as_list(grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph
-    compiled = _compiled_options(create_graph)
-    roots = _make_root_grads(outputs, grad_outputs, create_graph)
-    edges = _edges_of(inputs, "inputs")
-    if compiled is not None:
-        captured = _compiled.run(roots, retain_graph, edges, accumulate=False, options=compiled)
+    compiler = current_compiler(create_graph)
+    roots = make_root_grads(outputs, grad_outputs, create_graph)
+    edges = edges_of(inputs, "inputs")
+    if compiler is not None:
+        captured = compiler.run(roots, retain_graph, edges, accumulate=False)
     else:
-        captured = execute(roots, retain_graph, create_graph, edges, accumulate=False)
+        captured = execute(roots, retain_graph, create_graph, edges, accumulate=False,
+                           make=outputs[0]._make)
     result = []
     for t, g in zip(inputs, captured):
         if g is None:
@@ -436,13 +470,10 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                    "the desired behavior.")
             result.append(None)
         else:
-            if not isinstance(g, Tensor):
+            if not isinstance(g, TensorBase):
                 g = np.array(g, copy=True)
                 _rt_memory.on_array(g, "autograd.grad")
-                g = Tensor._make(g)
+                g = t._make(g)
             result.append(g)
     return tuple(result)
 
-
-# Last: compiled.py imports this module (the compiled path of backward and grad).
-from compiled_autograd.compiled import api as _compiled# noqa: E402

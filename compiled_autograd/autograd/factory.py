@@ -1,29 +1,19 @@
-"""Tensor creation: ca.tensor, from_numpy, zeros, ones, full, arange, randn, rand."""
+"""Tensor creation (ca.tensor, from_numpy, zeros, ones, full, arange, randn, rand)
+and the module functions over several tensors (ca.cat, stack, where, maximum,
+minimum)."""
 from __future__ import annotations
 
 import numpy as np
 
 from compiled_autograd.autograd import random as _random
+from compiled_autograd.autograd import tensor_methods as _methods
 from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_base import DEFAULT_FLOAT
 from runtime import memory
-
-DEFAULT_FLOAT = np.dtype(np.float32)
 
 
 def _dtype(dtype):
     return None if dtype is None else np.dtype(dtype)
-
-
-def as_ndarray(data, dtype=None):
-    """A fresh C-contiguous array; floating data defaults to float32 (DESIGN.md)."""
-    if isinstance(data, Tensor):
-        data = data._data
-    arr = np.array(data, dtype=_dtype(dtype), order="C", copy=True)
-    if dtype is None and arr.dtype.kind == "f" and arr.dtype != DEFAULT_FLOAT:
-        arr = arr.astype(DEFAULT_FLOAT)
-    if dtype is None and arr.dtype.kind in "iu":
-        arr = arr.astype(np.int64, copy=False)
-    return arr
 
 
 def tensor(data, requires_grad=False, dtype=None) -> Tensor:
@@ -98,3 +88,30 @@ def rand(*size, dtype=None, requires_grad=False) -> Tensor:
 def randint(low, high, size, dtype=np.int64) -> Tensor:
     return _new(_random.generator().integers(low, high, size=_shape((size,))).astype(dtype),
                 False)
+
+
+# ---------------------------------------------------------------- module functions
+# (the ops themselves are in tensor_methods, below Tensor: they take Tensor._make
+# for arguments that are lists or arrays)
+
+def cat(tensors, dim=0) -> Tensor:
+    """Concatenate ``tensors`` along ``dim`` (torch.cat)."""
+    return _methods.cat(tensors, dim, make=Tensor._make)
+
+
+def stack(tensors, dim=0) -> Tensor:
+    """Stack ``tensors`` along a new ``dim`` (torch.stack)."""
+    return _methods.stack(tensors, dim, make=Tensor._make)
+
+
+def where(condition, input, other) -> Tensor:
+    """``input`` where ``condition``, else ``other`` (torch.where)."""
+    return _methods.where(condition, input, other, make=Tensor._make)
+
+
+def maximum(input, other) -> Tensor:
+    return _methods.maximum(input, other, make=Tensor._make)
+
+
+def minimum(input, other) -> Tensor:
+    return _methods.minimum(input, other, make=Tensor._make)

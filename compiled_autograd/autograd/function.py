@@ -13,12 +13,13 @@ import contextlib
 
 import numpy as np
 
-from compiled_autograd.autograd.dispatch import gradient_edge
+from compiled_autograd.autograd.dispatch import make_view
 from compiled_autograd.autograd.grad_mode import is_grad_enabled, no_grad
-from compiled_autograd.autograd.node import Node
-from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.node import Node, SavedVariable, gradient_edge
+from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory
 from runtime.memory import on_array
+from runtime.prims import ops
 
 # Attributes of the node itself; anything else on ctx is the user's.
 _NODE_ATTRS = {"next_functions", "input_metadata", "needs_input_grad", "materialize_grads",
@@ -43,7 +44,6 @@ class FunctionBackward(Node):
 
     def save_for_backward(self, *tensors):
         """Save Tensors (or None) for backward; read them with ``saved_tensors``."""
-        from compiled_autograd.autograd.tensor import Tensor
         for t in tensors:
             if t is not None and not isinstance(t, Tensor):
                 raise TypeError("save_for_backward can only save variables, but argument "
@@ -56,7 +56,7 @@ class FunctionBackward(Node):
             return self._swapped
         if self._saved is None:
             return tuple(self._to_save)  # inside forward
-        return tuple(None if sv is None else sv.unpack(self) for sv in self._saved)
+        return tuple(None if sv is None else sv.unpack(self, Tensor._make) for sv in self._saved)
 
     def mark_non_differentiable(self, *tensors):
         self._non_differentiable.update(id(t) for t in tensors)
@@ -73,8 +73,6 @@ class FunctionBackward(Node):
         """Engine gradients -> the Tensors the user's backward receives. A missing
         one is zeros (materialize_grads); ``shapes``, the tracer's (symbolic where
         dynamic), makes them a graph value of that shape."""
-        from compiled_autograd.autograd.tensor import Tensor
-        from runtime.prims import ops
         like = next((g for g in grads if g is not None), None)
         out = []
         for i, (g, meta) in enumerate(zip(grads, self.input_metadata)):
@@ -92,7 +90,6 @@ class FunctionBackward(Node):
 
     def _grads_out(self, result, keep_tensors):
         """The user's returned gradients -> one per forward argument."""
-        from compiled_autograd.autograd.tensor import Tensor
         if not isinstance(result, tuple):
             result = (result,)
         n = len(self.next_functions)
@@ -115,7 +112,6 @@ class FunctionBackward(Node):
         return tuple(out)
 
     def apply(self, grads, needs=None):
-        from compiled_autograd.autograd.tensor import Tensor
         create_graph = any(isinstance(g, Tensor) for g in grads)
         result = self._forward_cls.backward(self, *self._grads_in(grads))
         return self._grads_out(result, keep_tensors=create_graph)
@@ -161,7 +157,6 @@ def _freeze(value, args):
     tuples, lists, dicts) become runtime inputs; anything else makes the backward
     uncacheable (traced again each time), since what backward reads from it is
     baked into the graph."""
-    from compiled_autograd.autograd.tensor import Tensor
     if isinstance(value, Tensor):
         args.collect_tensor(value)
         return ("Tensor", value.dtype.str)
@@ -179,7 +174,6 @@ def _freeze(value, args):
 def _lift(value, saved):
     """``value`` with its Tensors swapped for what ``saved.lifted`` gives (the same
     walk as _freeze)."""
-    from compiled_autograd.autograd.tensor import Tensor
     if isinstance(value, Tensor):
         return saved.lifted(value)
     if isinstance(value, (tuple, list)):
@@ -213,7 +207,6 @@ class Function(metaclass=_FunctionMeta):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from compiled_autograd.autograd.tensor import Tensor
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx = cls._backward_cls.__new__(cls._backward_cls)
         ctx._start(needs)
@@ -234,7 +227,7 @@ class Function(metaclass=_FunctionMeta):
         for i, o in enumerate(outs):
             if isinstance(o, Tensor):
                 if id(o) in inputs:
-                    o = Tensor._make_view(o._data, o)  # an input returned: alias it
+                    o = make_view(o._data, o)  # an input returned: alias it
                     o._creation = "custom_function"
                 elif o._base is not None:
                     o._creation = "custom_function"    # a view made inside the forward

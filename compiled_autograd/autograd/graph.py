@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory
 from compiled_autograd.autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
                                            saved_tensors_hooks)
@@ -70,6 +71,8 @@ class save_on_disk(saved_tensors_hooks):
         self._private_dir = None
         super().__init__(self._pack, self._unpack)
 
+    kind = "offload"   # packed data: an _OffloadedTensor
+
     def _dir(self):
         if self.directory is not None:
             return self.directory, None
@@ -95,7 +98,6 @@ class save_on_disk(saved_tensors_hooks):
 
     @staticmethod
     def _unpack(handle):
-        from compiled_autograd.autograd.tensor import Tensor
         arr = np.fromfile(handle.path, dtype=handle.dtype)
         if arr.nbytes != handle.nbytes:
             raise RuntimeError(f"save_on_disk: the file {handle.path} holding a saved tensor "

@@ -5,11 +5,17 @@ tensor pre-hooks (registered with ``Tensor.register_hook``), then retain_grad, t
 node pre-hooks (``Node.register_prehook``), the node itself, then -- for a leaf's
 AccumulateGrad -- post-accumulate-grad hooks, then node post-hooks
 (``Node.register_hook``). Several hooks on one object run in registration order.
+The running functions take ``make`` (``Tensor._make``): they hand user hooks
+Tensors, and this module sits below Tensor (the engine passes the roots' ``_make``).
 """
 from __future__ import annotations
 
 import itertools
 import weakref
+
+from compiled_autograd.autograd.tensor_base import TensorBase, type_name
+from runtime.memory import on_array
+from runtime.prims import ops
 
 _handle_ids = itertools.count()
 
@@ -135,43 +141,43 @@ def has_hooks(node) -> bool:
 # ---------------------------------------------------------------- running them
 
 
-def _hook_name(hook) -> str:
+def hook_name(hook) -> str:
     return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
 
 
-def _wrap(g):
-    from compiled_autograd.autograd.tensor import Tensor
-    return g if g is None or isinstance(g, Tensor) else Tensor._make(g)
+def _wrap(g, make):
+    return g if g is None or isinstance(g, TensorBase) else make(g)
 
 
 def _unwrap(result, like, hook, create_graph):
     """A hook's replacement gradient, checked against the one it replaces."""
-    from compiled_autograd.autograd.tensor import Tensor
-    if not isinstance(result, Tensor):
-        raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
+    if not isinstance(result, TensorBase):
+        raise TypeError(f"hook '{hook_name(hook)}' returned {type(result).__name__}, "
                         "expected a Tensor or None")
-    _check_hook_result(result, like, hook)
+    check_hook_result(result, like, hook)
     return result if create_graph else result._data
 
 
-def _check_hook_result(result, like, hook):
-    from compiled_autograd.autograd.saved_variable import type_name
+def check_hook_result(result, like, hook):
+    """A gradient a hook returned must have the shape and dtype of the one it
+    replaces (torch's messages); shared with the compiled backward's hook calls."""
     if like is None:
         raise RuntimeError("can't replace a None gradient with a non-None value")
     if tuple(result.shape) != tuple(like.shape):
-        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value: "
+        raise RuntimeError(f"hook '{hook_name(hook)}' has changed the size of value: "
                            f"expected {list(like.shape)}, got {list(result.shape)}")
     if result.dtype != like.dtype:
-        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the type of value (was "
+        raise RuntimeError(f"hook '{hook_name(hook)}' has changed the type of value (was "
                            f"{type_name(like.dtype)} got {type_name(result.dtype)})")
 
 
-def run_pre_hooks(fn, grads, create_graph):
+def run_pre_hooks(fn, grads, create_graph, make):
     """Tensor pre-hooks, retain_grad, node pre-hooks (torch's order)."""
-    return run_node_pre_hooks(fn, run_tensor_pre_hooks(fn, grads, create_graph), create_graph)
+    return run_node_pre_hooks(fn, run_tensor_pre_hooks(fn, grads, create_graph, make),
+                              create_graph, make)
 
 
-def run_tensor_pre_hooks(fn, grads, create_graph):
+def run_tensor_pre_hooks(fn, grads, create_graph, make):
     """Hooks registered on the tensors whose gradients ``fn`` receives, then
     retain_grad. They also run before a gradient is captured by autograd.grad."""
     grads = list(grads)
@@ -184,41 +190,39 @@ def run_tensor_pre_hooks(fn, grads, create_graph):
         for hook in list(hooks.values()):
             if grads[nr] is None:
                 continue
-            result = hook(_wrap(grads[nr]))
+            result = hook(_wrap(grads[nr], make))
             if result is not None:
                 grads[nr] = _unwrap(result, grads[nr], hook, create_graph)
     for nr, refs in (d.get("_retains_grad") or {}).items():
         for ref in refs.values():
             t = ref()
             if t is not None and grads[nr] is not None:
-                _retain(t, grads[nr])
+                retain(t, grads[nr])
     return grads
 
 
-def run_node_pre_hooks(fn, grads, create_graph):
+def run_node_pre_hooks(fn, grads, create_graph, make):
     pre = fn.__dict__.get("_pre_hooks")
     if pre:
         for hook in list(pre.values()):
-            result = hook(tuple(_wrap(g) for g in grads))
+            result = hook(tuple(_wrap(g, make) for g in grads))
             if result is not None:
                 if len(result) != len(grads):
-                    raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} "
+                    raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} "
                                        f"values, expected {len(grads)}")
                 grads = [None if r is None else _unwrap(r, g, hook, create_graph)
                          for r, g in zip(result, grads)]
     return grads
 
 
-def _retain(t, g):
-    from compiled_autograd.autograd.tensor import Tensor
-    from runtime.memory import on_array
-    from runtime.prims import ops
-    if isinstance(g, Tensor):  # create_graph: a differentiable copy, never an alias
+def retain(t, g):
+    """retain_grad: ``t.grad`` becomes (or adds) ``g``, never an alias of it."""
+    if isinstance(g, TensorBase):  # create_graph: a differentiable copy
         t.grad = ops.copy(g) if t.grad is None else t.grad + g
         return
     stored = g.copy() if t.grad is None else t.grad._data + g
     on_array(stored, "retain_grad")
-    t.grad = Tensor._make(stored)
+    t.grad = t._make(stored)
 
 
 def run_post_accumulate_grad_hooks(variable):
@@ -227,17 +231,18 @@ def run_post_accumulate_grad_hooks(variable):
         for hook in list(hooks.values()):
             if hook(variable) is not None:
                 raise RuntimeError("post accumulate grad hooks cannot return a value; "
-                                   f"hook '{_hook_name(hook)}' returned one")
+                                   f"hook '{hook_name(hook)}' returned one")
 
 
-def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph):
+def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph, make):
     """Node post-hooks: ``hook(grad_inputs, grad_outputs)`` may replace grad_inputs."""
     grad_inputs = list(grad_inputs)
     for hook in list(fn.__dict__["_post_hooks"].values()):
-        result = hook(tuple(_wrap(g) for g in grad_inputs), tuple(_wrap(g) for g in grad_outputs))
+        result = hook(tuple(_wrap(g, make) for g in grad_inputs),
+                      tuple(_wrap(g, make) for g in grad_outputs))
         if result is not None:
             if len(result) != len(grad_inputs):
-                raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
+                raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} values, "
                                    f"expected {len(grad_inputs)}")
             grad_inputs = [None if r is None else _unwrap(r, g, hook, create_graph)
                            for r, g in zip(result, grad_inputs)]

@@ -1,4 +1,4 @@
-"""Autograd Nodes: the backward graph that a forward pass records.
+"""Autograd Nodes and the values they save: the backward graph a forward pass records.
 
 ``Node`` is the base: ``next_functions`` (one edge ``(node, input_nr)`` per input of
 the forward op, None where no gradient flows), ``name()``, ``metadata``, and
@@ -12,6 +12,13 @@ the forward op, None where no gradient flows), ``name()``, ``metadata``, and
 ``PrimBackward`` is one class per differentiable prim (``MulBackward``, ...), made
 from the prim table, so a derivative is written once, in prims, and serves both
 ``apply`` and ``apply_with_saved``.
+
+``SavedVariable`` is a tensor a node saved for backward, with the version it had
+when saved. As in torch: an input is saved as the original Tensor (no reference
+cycle); an output of the node that saves it is saved as its data plus what is needed
+to rebuild a Tensor whose grad_fn is that node (for double backward). On unpack the
+version is checked, so an in-place change after saving fails loudly, naming the
+versions.
 """
 from __future__ import annotations
 
@@ -20,7 +27,10 @@ import weakref
 
 import numpy as np
 
-from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd import hooks
+from compiled_autograd.autograd.saved_hooks import current_hooks
+from compiled_autograd.autograd.tensor_base import TensorBase, type_name
+from runtime import memory as _rt_memory
 from runtime.memory import on_array
 from runtime.prims import PRIMS, VJPContext, ops
 
@@ -57,13 +67,11 @@ class Node:
 
     def register_prehook(self, fn):
         """``fn(grad_outputs) -> new grad_outputs or None`` before the node runs."""
-        from compiled_autograd.autograd.hooks import register_node_prehook
-        return register_node_prehook(self, fn)
+        return hooks.register_node_prehook(self, fn)
 
     def register_hook(self, fn):
         """``fn(grad_inputs, grad_outputs) -> new grad_inputs or None`` after it runs."""
-        from compiled_autograd.autograd.hooks import register_node_hook
-        return register_node_hook(self, fn)
+        return hooks.register_node_hook(self, fn)
 
     def saved_variables(self):
         """The SavedVariables this node holds (for checks and release)."""
@@ -129,15 +137,17 @@ class PrimBackward(Node):
                     if sv.__class__ is SavedVariable:
                         sv.release()
 
-    def _unpack(self, as_tensor):
+    def _unpack(self, make):
+        """The saved values: arrays (eager), or Tensors made by ``make`` (under
+        create_graph, so that the formula records a differentiable graph)."""
         name = self.name()
         out = []
         for item in self.saved:
             if isinstance(item, tuple):
-                out.append(tuple(sv.unpack(self) if as_tensor else sv.unpack_array(name)
+                out.append(tuple(sv.unpack(self, make) if make else sv.unpack_array(name)
                                  for sv in item))
             elif hasattr(item, "unpack_array"):
-                out.append(item.unpack(self) if as_tensor else item.unpack_array(name))
+                out.append(item.unpack(self, make) if make else item.unpack_array(name))
             else:
                 out.append(item)
         return tuple(out)
@@ -153,10 +163,10 @@ class PrimBackward(Node):
 
     def apply(self, grads, needs=None):
         g = grads[0]
-        as_tensor = type(g) is not np.ndarray
+        make = g._make if type(g) is not np.ndarray else None   # create_graph: Tensors
         if needs is None:
             needs = self.static_needs()
-        return self.run_formula(grads, needs, self._unpack(as_tensor))
+        return self.run_formula(grads, needs, self._unpack(make))
 
     def compiled_args(self, args) -> None:
         # type, params (their ints as sizes), input sizes, dtypes, saved values;
@@ -240,9 +250,8 @@ def accumulate_into(variable, g, owned=False) -> None:
     a fresh C-contiguous array nobody else holds); later ones are added in place,
     so ``.grad`` stays the same object. Under create_graph (Tensor gradients)
     accumulation is out of place and differentiable."""
-    Tensor = _tensor_class()
     grad = variable.grad
-    if type(g) is not np.ndarray and isinstance(g, Tensor):
+    if type(g) is not np.ndarray:
         # A copy (differentiable): g may be shared with another leaf or be the
         # caller's own gradient tensor.
         variable.grad = ops.copy(g) if grad is None else grad + g
@@ -254,25 +263,25 @@ def accumulate_into(variable, g, owned=False) -> None:
         else:
             stored = np.array(g, dtype=dtype, order="C", copy=True)
             on_array(stored, "AccumulateGrad")
-        variable.grad = Tensor._make(stored)
+        variable.grad = variable._make(stored)
     elif grad.requires_grad:
         stored = np.add(grad._data, g)
         on_array(stored, "AccumulateGrad")
-        variable.grad = Tensor._make(stored)
+        variable.grad = variable._make(stored)
     else:
         np.add(grad._data, g, out=grad._data, casting="same_kind")
         grad._version_counter.value += 1
 
 
-_tensor = []
-
-
-def _tensor_class():
-    """Tensor (imported on first use: tensor.py imports this module)."""
-    if not _tensor:
-        from compiled_autograd.autograd.tensor import Tensor
-        _tensor.append(Tensor)
-    return _tensor[0]
+def gradient_edge(t):
+    """Where the gradient of ``t`` goes: (grad_fn, output_nr), the leaf's
+    AccumulateGrad, or None when ``t`` does not require grad."""
+    fn = t.grad_fn
+    if fn is not None:
+        return fn, t._output_nr
+    if t._requires_grad:
+        return grad_accumulator(t), 0
+    return None, 0
 
 
 def grad_accumulator(tensor) -> AccumulateGrad:
@@ -300,7 +309,6 @@ class CopySlices(Node):
         return self.fn.saved_variables()
 
     def _run(self, g, needs, call_fn, geometry=None):
-        from runtime.prims import ops
         geometry = geometry or self.geometry
         view_grad = ops.as_strided(g, **geometry)
         # The view's old value needs a gradient exactly when the base's old value
@@ -328,3 +336,157 @@ class CopySlices(Node):
         return self._run(grads[0], saved.needs(self),
                          lambda vg, n: self.fn.apply_with_saved([vg], saved.with_needs(n)),
                          geometry)
+
+
+# ---------------------------------------------------------------- saved values
+SECOND_BACKWARD_MSG = (
+    "Trying to backward through the graph a second time (or directly access saved "
+    "tensors after they have already been freed). Saved intermediate values of the "
+    "graph are freed when you call .backward() or autograd.grad(). Specify "
+    "retain_graph=True if you need to backward through the graph a second time or if "
+    "you need to access saved tensors after calling backward.")
+
+
+def checked_unpack(value, shape):
+    """What an unpack hook returned, checked: a Tensor of the saved ``shape`` (None:
+    any shape) -- eager's unpack and the compiled backward's."""
+    if not isinstance(value, TensorBase):
+        raise TypeError("Output of saved tensor unpack_hook expected to be a Tensor but "
+                        f"got result of type {type(value).__name__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise RuntimeError(f"saved tensor unpack_hook returned a tensor of shape "
+                           f"{list(value.shape)}, but the saved tensor had shape {list(shape)}")
+    return value
+
+
+class SavedVariable:
+    """A saved tensor. Under saved-tensor hooks it holds ``pack(tensor)`` and the
+    unpack hook instead of the tensor (PyTorch's SavedVariableHooks)."""
+
+    __slots__ = ("_tensor", "_data", "_version_counter", "saved_version", "is_output",
+                 "_requires_grad", "_output_nr", "_grad_fn_name", "released", "shape",
+                 "dtype", "packed", "unpack_hook", "_grad_fn", "_leaf", "strides",
+                 "packed_kind")
+
+    def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
+        hooks = current_hooks()
+        if hooks is not None:
+            self._init_hooked(tensor, is_output, hooks)
+            return
+        self.packed = self.unpack_hook = self._grad_fn = self._leaf = self.packed_kind = None
+        if _rt_memory._trackers:
+            _rt_memory.retag_saved(tensor._data)
+        self._version_counter = tensor._version_counter
+        self.saved_version = self._version_counter.value
+        self.is_output = is_output
+        self.shape = tensor.shape
+        self.dtype = tensor.dtype
+        self.released = False
+        self._output_nr = tensor._output_nr
+        self._grad_fn_name = grad_fn_name
+        if is_output and tensor._grad_fn is not None:
+            # Saving the output Tensor itself would make node -> tensor -> node.
+            self._tensor = None
+            self._data = tensor._data
+            self._requires_grad = True
+        else:
+            self._tensor = tensor
+            self._data = None
+            self._requires_grad = False
+
+    def _init_hooked(self, tensor, is_output, hooks):
+        pack, unpack, self.packed_kind = hooks
+        self.shape, self.dtype = tensor.shape, tensor.dtype
+        # The layout the value had (bytes): a recomputation gives it again, so
+        # compiled code may read the unpacked value in place (codegen.c).
+        self.strides = tensor._data.strides
+        self.is_output = is_output
+        self.released = False
+        self._output_nr = tensor._output_nr
+        # The edge to restore on unpack; an output's grad_fn is the owner node
+        # (given at unpack), so only an input's is kept (no reference cycle). A
+        # leaf that requires grad is kept itself: its AccumulateGrad is fetched at
+        # unpack (leaves are normally alive anyway: parameters, user inputs).
+        self._grad_fn = None if is_output else tensor._grad_fn
+        self._leaf = tensor if (not is_output and tensor._grad_fn is None
+                                and tensor._requires_grad) else None
+        self._tensor = self._data = None
+        self._version_counter = None
+        self.packed = pack(tensor)  # once per save
+        self.unpack_hook = unpack
+
+    def _call_unpack_hook(self):
+        return checked_unpack(self.unpack_hook(self.packed), self.shape)
+
+    def check(self, node_name: str) -> None:
+        """Raise the torch error if this value was freed or modified in place."""
+        if self.released:
+            raise RuntimeError(SECOND_BACKWARD_MSG)
+        if self.unpack_hook is not None:
+            return  # the hooks own the value: no version to check (as torch)
+        current = self._version_counter.value
+        if current != self.saved_version:
+            if self._tensor is not None and self._tensor._grad_fn is not None:
+                origin = f", which is output {self._output_nr} of {self._tensor._grad_fn.name()},"
+            elif self._tensor is None:
+                origin = f", which is output {self._output_nr} of {node_name},"
+            else:
+                origin = ""
+            dims = ", ".join(str(d) for d in self.shape)
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified "
+                f"by an inplace operation: [{type_name(self.dtype)} [{dims}]]{origin} is "
+                f"at version {current}; expected version {self.saved_version} instead. "
+                "Hint: the backward of " + node_name + " needs this value; do the "
+                "in-place operation on a clone, or after the backward.")
+
+    def unpack_array(self, node_name: str):
+        """The saved value as an ndarray (the eager engine's fast path)."""
+        self.check(node_name)
+        if self.unpack_hook is not None:
+            return self._call_unpack_hook()._data
+        return self._data if self._tensor is None else self._tensor._data
+
+    def unpack(self, owner, make):
+        """The saved value as a Tensor; an output gets ``owner`` as its grad_fn.
+        ``make``: Tensor._make (a tensor's; this layer is below Tensor)."""
+        self.check(owner.name())
+        if self.unpack_hook is not None:
+            value = self._call_unpack_hook()
+            grad_fn = owner if self.is_output else self._edge_fn()
+            if grad_fn is None:
+                return value
+            t = value._make(value._data)
+            t._grad_fn, t._output_nr = grad_fn, self._output_nr
+            return t
+        if self._tensor is not None:
+            return self._tensor
+        t = make(self._data)
+        t._version_counter = self._version_counter
+        t._grad_fn = owner
+        t._output_nr = self._output_nr
+        return t
+
+    def _edge_fn(self):
+        """The node gradients of the unpacked value flow to (under hooks)."""
+        if self._leaf is not None:
+            return grad_accumulator(self._leaf)
+        return self._grad_fn
+
+    def unpack_input(self, context: str):
+        """A saved *input* (not an output) as a Tensor, outside any node."""
+        self.check(context)
+        if self.unpack_hook is not None:
+            value = self._call_unpack_hook()
+            grad_fn = self._edge_fn()
+            if grad_fn is not None:
+                t = value._make(value._data)
+                t._grad_fn, t._output_nr = grad_fn, self._output_nr
+                return t
+            return value
+        return self._tensor
+
+    def release(self) -> None:
+        self._tensor = self._data = None
+        self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
+        self.released = True

@@ -16,13 +16,17 @@ def _stack():
 
 
 def current_hooks():
-    """The innermost (pack, unpack) pair, or None. Hot path: keep it cheap."""
+    """The innermost (pack, unpack, kind) triple, or None. Hot path: keep it cheap."""
     stack = getattr(_state, "stack", None)
     return stack[-1] if stack else None
 
 
 class saved_tensors_hooks:
     """Context manager installing a (pack_hook, unpack_hook) pair."""
+
+    # What the packed data of these hooks is, recorded on each saved value
+    # (SavedVariable.packed_kind): "hook" (a user's), "checkpoint", "offload".
+    kind = "hook"
 
     def __init__(self, pack_hook, unpack_hook):
         self.pack_hook = pack_hook
@@ -32,7 +36,7 @@ class saved_tensors_hooks:
         message = getattr(_state, "disabled", None)
         if message is not None:
             raise RuntimeError(message)
-        _stack().append((self.pack_hook, self.unpack_hook))
+        _stack().append((self.pack_hook, self.unpack_hook, self.kind))
         return self
 
     def __exit__(self, *exc):

@@ -11,20 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 from compiled_autograd.autograd.dispatch import apply_inplace
-from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_base import TensorBase
 from compiled_autograd.autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
 from runtime.prims import PRIMS, ops
 
 
 def _is_index_array(k):
-    return isinstance(k, (Tensor, np.ndarray, list)) and np.ndim(
-        k._data if isinstance(k, Tensor) else k) > 0
+    return isinstance(k, (TensorBase, np.ndarray, list)) and np.ndim(
+        k._data if isinstance(k, TensorBase) else k) > 0
 
 
 def _key_item(k):
     """A 0-d integer Tensor/array indexes like an int (as in torch); lists become
     arrays; boolean and integer arrays stay index arrays."""
-    if isinstance(k, Tensor):
+    if isinstance(k, TensorBase):
         k = k._data
     if isinstance(k, (list, np.ndarray)):
         k = np.asarray(k)
@@ -128,13 +128,13 @@ def _getitem(self, key):
     indices = []
     for pos, (d, arr) in enumerate(advanced):
         pattern[d] = pos
-        indices.append(Tensor._make(arr))
+        indices.append(self._make(arr))
     return ops.index(out, *indices, pattern=tuple(pattern))
 
 
 def _setitem(self, key, value):
     key_t = tuple(_key_item(k) for k in (key if isinstance(key, tuple) else (key,)))
-    value = _as_tensor(value)
+    value = _as_tensor(value, self._make)
     if not any(_is_index_array(k) for k in key_t):
         _inplace("masked_fill", _getitem(self, key_t), True, value)  # a view, copied into
         return
@@ -163,8 +163,8 @@ def _index_put_(self, key, value):
     if sel.sum() != picked.size:
         raise RuntimeError("index_put_ with duplicate indices is not supported: the value "
                            "written would depend on the order of the writes")
-    mask = Tensor._make(sel)
-    if not isinstance(value, Tensor) or value.ndim == 0:
+    mask = self._make(sel)
+    if not isinstance(value, TensorBase) or value.ndim == 0:
         _inplace("masked_fill", self, mask, value)
         return
     try:
@@ -174,35 +174,32 @@ def _index_put_(self, key, value):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot "
                            f"be broadcast to indexing result of shape "
                            f"{list(picked.shape)}") from None
-    scattered = ops.index_accumulate(value.to(self.dtype), *map(Tensor._make, parts),
+    scattered = ops.index_accumulate(value.to(self.dtype), *map(self._make, parts),
                                      shape=self.shape, pattern=tuple(range(len(parts))))
     apply_inplace(PRIMS["masked_fill"], (self, mask, scattered), {})
 
-
-Tensor.__getitem__ = _getitem
-Tensor.__setitem__ = _setitem
 
 # ---------------------------------------------------------------- in-place ops
 
 
 def _inplace(name, target, *args, **params):
-    if isinstance(target, Tensor) and args and isinstance(args[-1], Tensor) and \
+    if isinstance(target, TensorBase) and args and isinstance(args[-1], TensorBase) and \
             name != "masked_fill":
         target_, other = _promote(target, args[-1])
-        args = args[:-1] + (other if isinstance(other, Tensor) else other,)
+        args = args[:-1] + (other if isinstance(other, TensorBase) else other,)
     return apply_inplace(PRIMS[name], (target,) + tuple(args), params)
 
 
 def _check_float_target(target, other):
     other_float = isinstance(other, float) or (
-        isinstance(other, Tensor) and other.dtype.kind in "fc")
+        isinstance(other, TensorBase) and other.dtype.kind in "fc")
     if other_float and target.dtype.kind not in "fc":
         raise RuntimeError(f"result type Float can't be cast to the desired output type "
                            f"{target.dtype.name}")
 
 
 def _add_(self, other, alpha=1):
-    other = _as_tensor(other)
+    other = _as_tensor(other, self._make)
     _check_float_target(self, other)
     if alpha != 1:
         other = other * alpha
@@ -210,7 +207,7 @@ def _add_(self, other, alpha=1):
 
 
 def _sub_(self, other, alpha=1):
-    other = _as_tensor(other)
+    other = _as_tensor(other, self._make)
     _check_float_target(self, other)
     if alpha != 1:
         other = other * alpha
@@ -218,13 +215,13 @@ def _sub_(self, other, alpha=1):
 
 
 def _mul_(self, other):
-    other = _as_tensor(other)
+    other = _as_tensor(other, self._make)
     _check_float_target(self, other)
     return _inplace("mul", self, other)
 
 
 def _div_(self, other):
-    other = _as_tensor(other)
+    other = _as_tensor(other, self._make)
     if self.dtype.kind not in "fc":
         raise RuntimeError(f"result type Float can't be cast to the desired output type "
                            f"{self.dtype.name}")
@@ -232,12 +229,12 @@ def _div_(self, other):
 
 
 def _fill_(self, value):
-    return apply_inplace(PRIMS["masked_fill"], (self, True, _scalar(_as_tensor(value))), {})
+    return apply_inplace(PRIMS["masked_fill"], (self, True, _scalar(_as_tensor(value, self._make))), {})
 
 
 def _copy_(self, src):
-    src = _as_tensor(src)
-    if isinstance(src, Tensor) and src.dtype != self.dtype:
+    src = _as_tensor(src, self._make)
+    if isinstance(src, TensorBase) and src.dtype != self.dtype:
         src = src.to(self.dtype)
     return apply_inplace(PRIMS["masked_fill"], (self, True, src), {})
 
@@ -246,14 +243,21 @@ def _clamp_(self, min=None, max=None):
     return apply_inplace(PRIMS["clamp"], (self,), dict(min=_scalar(min), max=_scalar(max)))
 
 
-Tensor.add_ = Tensor.__iadd__ = _add_
-Tensor.sub_ = Tensor.__isub__ = _sub_
-Tensor.mul_ = Tensor.__imul__ = _mul_
-Tensor.div_ = Tensor.__itruediv__ = _div_
-Tensor.fill_ = _fill_
-Tensor.zero_ = lambda self: _fill_(self, 0)
-Tensor.copy_ = _copy_
-Tensor.relu_ = lambda self: apply_inplace(PRIMS["relu"], (self,), {})
-Tensor.clamp_ = _clamp_
-Tensor.masked_fill_ = lambda self, mask, value: apply_inplace(
-    PRIMS["masked_fill"], (self, mask, _as_tensor(value)), {})
+class InplaceMethods:
+    """Indexing and in-place ops of a Tensor (a base of Tensor)."""
+
+    __slots__ = ()
+
+    __getitem__ = _getitem
+    __setitem__ = _setitem
+    add_ = __iadd__ = _add_
+    sub_ = __isub__ = _sub_
+    mul_ = __imul__ = _mul_
+    div_ = __itruediv__ = _div_
+    fill_ = _fill_
+    zero_ = lambda self: _fill_(self, 0)
+    copy_ = _copy_
+    relu_ = lambda self: apply_inplace(PRIMS["relu"], (self,), {})
+    clamp_ = _clamp_
+    masked_fill_ = lambda self, mask, value: apply_inplace(
+        PRIMS["masked_fill"], (self, mask, _as_tensor(value, self._make)), {})

@@ -1,6 +1,10 @@
-"""The public op surface: Tensor methods and the module functions ``ca.cat``,
-``ca.where``, ... Every op is a prim call or a short composition of prim calls; no op
-has a derivative of its own here (the prims carry them)."""
+"""The ops of a Tensor: ``TensorMethods``, a base class of Tensor. Every op is a prim
+call or a short composition of prim calls; no op has a derivative of its own here
+(the prims carry them). The elementwise prims a user calls by name (``x.exp()``,
+``ca.exp(x)``) come from the prim table: each one whose entry has ``method`` set.
+
+This module sits below Tensor: it makes tensors with ``x._make`` of a tensor at hand
+(``_promote``, ``_as_tensor`` take the one to use)."""
 from __future__ import annotations
 
 from collections import namedtuple
@@ -8,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 
 from compiled_autograd.autograd.dispatch import apply_inplace
-from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime.prims import PRIMS, norm_dim, ops
 
 DEFAULT_FLOAT = np.dtype(np.float32)
@@ -19,12 +23,22 @@ def _scalar(x):
     return x.item() if isinstance(x, np.generic) else x
 
 
-def _as_tensor(x):
-    if isinstance(x, Tensor):
+def _as_tensor(x, make):
+    """A Tensor for an ndarray, list or tuple (made with ``make``: Tensor._make); a
+    Tensor as it is; a Python scalar as a scalar."""
+    if isinstance(x, TensorBase):
         return x
     if isinstance(x, (np.ndarray, list, tuple)):
-        return Tensor._make(np.asarray(x))
+        return make(np.asarray(x))
     return _scalar(x)
+
+
+def _maker(*values):
+    """``_make`` of the first tensor among ``values``."""
+    for v in values:
+        if isinstance(v, TensorBase):
+            return v._make
+    raise TypeError("expected a Tensor among the arguments")
 
 
 def _to(t, dtype):
@@ -36,11 +50,13 @@ def _float(t):
     return t if t.dtype.kind in _FLOAT_KINDS else _to(t, DEFAULT_FLOAT)
 
 
-def _promote(a, b):
+def _promote(a, b, make=None):
     """torch's rule where numpy's differs: an integer Tensor meeting a float
-    (Tensor or Python float) becomes float, of the float Tensor's dtype or float32."""
-    a, b = _as_tensor(a), _as_tensor(b)
-    ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
+    (Tensor or Python float) becomes float, of the float Tensor's dtype or float32.
+    ``make`` (Tensor._make) is needed only when neither is a Tensor."""
+    make = make or _maker(a, b)
+    a, b = _as_tensor(a, make), _as_tensor(b, make)
+    ta, tb = isinstance(a, TensorBase), isinstance(b, TensorBase)
     if ta and tb:
         if a.dtype == b.dtype:
             return a, b
@@ -57,7 +73,7 @@ def _promote(a, b):
         return a, b
     if not ta and not tb:  # two Python scalars: the default dtype, as torch
         dtype = DEFAULT_FLOAT if isinstance(a, float) or isinstance(b, float) else np.int64
-        return Tensor._make(np.asarray(a, dtype=dtype)), b
+        return make(np.asarray(a, dtype=dtype)), b
     t, s = (a, b) if ta else (b, a)
     if isinstance(s, float) and t.dtype.kind not in _FLOAT_KINDS:
         t = _to(t, DEFAULT_FLOAT)
@@ -97,46 +113,19 @@ def _binary(name):
     return op, rop
 
 
-def _unary_float(name):
-    p = PRIMS[name]
-
-    def op(self):
-        return p(_float(self))
-    op.__name__ = name
-    return op
-
 
 # ---------------------------------------------------------------- arithmetic
-
-Tensor.__add__, Tensor.__radd__ = _binary("add")
-Tensor.__sub__, Tensor.__rsub__ = _binary("sub")
-Tensor.__mul__, Tensor.__rmul__ = _binary("mul")
-Tensor.__pow__, Tensor.__rpow__ = _binary("pow")
-Tensor.add, Tensor.sub, Tensor.mul, Tensor.pow = (Tensor.__add__, Tensor.__sub__,
-                                                  Tensor.__mul__, Tensor.__pow__)
-Tensor.maximum, _ = _binary("maximum")
-Tensor.minimum, _ = _binary("minimum")
 
 
 def _div(a, b):
     a, b = _promote(a, b)
-    if isinstance(a, Tensor) and a.dtype.kind not in _FLOAT_KINDS:
+    if isinstance(a, TensorBase) and a.dtype.kind not in _FLOAT_KINDS:
         a = _to(a, DEFAULT_FLOAT)  # true division of integers is float, as in torch
-    if isinstance(b, Tensor) and b.dtype.kind not in _FLOAT_KINDS:
+    if isinstance(b, TensorBase) and b.dtype.kind not in _FLOAT_KINDS:
         b = _to(b, DEFAULT_FLOAT)
     return _call_binary(PRIMS["div"], a, b)
 
 
-Tensor.__truediv__ = Tensor.div = _div
-Tensor.__rtruediv__ = lambda self, other: _div(other, self)
-Tensor.__neg__ = Tensor.neg = lambda self: ops.neg(self)
-Tensor.__abs__ = Tensor.abs = lambda self: ops.abs(self)
-Tensor.__pos__ = lambda self: self
-for _name in ("exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "erf"):
-    setattr(Tensor, _name, _unary_float(_name))
-Tensor.relu = lambda self: ops.relu(self)
-Tensor.sign = lambda self: ops.sign(self)
-Tensor.gelu = lambda self, approximate="none": ops.gelu(_float(self), approximate=approximate)
 
 
 def _matmul(a, b):
@@ -161,42 +150,23 @@ def _matmul(a, b):
     return out
 
 
-Tensor.__matmul__ = Tensor.matmul = _matmul
-Tensor.__rmatmul__ = lambda self, other: _matmul(other, self)
-
-
 def _clamp(self, min=None, max=None):
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     return ops.clamp(self, min=_scalar(min), max=_scalar(max))
 
 
-Tensor.clamp = _clamp
-Tensor.clip = _clamp
-
 # ---------------------------------------------------------------- comparisons (no grad)
-
-Tensor.__gt__ = lambda self, o: ops.gt(*_promote(self, o))
-Tensor.__ge__ = lambda self, o: ops.ge(*_promote(self, o))
-Tensor.__lt__ = lambda self, o: ops.gt(*_promote(o, self))
-Tensor.__le__ = lambda self, o: ops.ge(*_promote(o, self))
-Tensor.__eq__ = Tensor.eq = lambda self, o: ops.eq(*_promote(self, o))
-Tensor.__ne__ = Tensor.ne = lambda self, o: ~ops.eq(*_promote(self, o))
-Tensor.__hash__ = object.__hash__
 
 
 def _logical(fn):
     def op(self, other=None):
-        other = other._data if isinstance(other, Tensor) else other
-        return Tensor._make(np.asarray(fn(self._data) if other is None else fn(self._data, other)))
+        other = other._data if isinstance(other, TensorBase) else other
+        return self._make(np.asarray(fn(self._data) if other is None else fn(self._data, other)))
     return op
 
 
 # Boolean mask algebra is forward-only (it never carries a gradient).
-Tensor.__invert__ = _logical(np.invert)
-Tensor.__and__ = Tensor.logical_and = _logical(np.logical_and)
-Tensor.__or__ = Tensor.logical_or = _logical(np.logical_or)
-Tensor.logical_not = _logical(np.logical_not)
 
 # ---------------------------------------------------------------- dtype
 
@@ -206,13 +176,6 @@ def _to_dtype(self, dtype=None, copy=False):
         return self
     return ops.astype(self, dtype=np.dtype(dtype)) if (copy or self.dtype != dtype) else self
 
-
-Tensor.to = _to_dtype
-Tensor.float = lambda self: _to_dtype(self, np.float32)
-Tensor.double = lambda self: _to_dtype(self, np.float64)
-Tensor.long = lambda self: _to_dtype(self, np.int64)
-Tensor.bool = lambda self: _to_dtype(self, np.bool_)
-Tensor.is_floating_point = lambda self: self.dtype.kind == "f"
 
 # ---------------------------------------------------------------- reductions
 
@@ -254,33 +217,24 @@ def _var(self, dim=None, unbiased=None, keepdim=False, correction=None):
     return ops.mul(total, 1.0 / denom if denom else float("inf"))
 
 
-Tensor.sum = _sum
-Tensor.mean = _mean
-Tensor.var = _var
 # std's gradient is 0 where std is 0 (all values equal), as torch's std_backward.
-Tensor.std = lambda self, dim=None, unbiased=None, keepdim=False, correction=None: \
-    ops.sqrt(_var(self, dim, unbiased, keepdim, correction), zero_grad_at_zero=True)
-Tensor.amax = lambda self, dim=None, keepdim=False: ops.amax(self, dims=_dims(self, dim),
-                                                             keepdim=keepdim)
-Tensor.amin = lambda self, dim=None, keepdim=False: -ops.amax(-self, dims=_dims(self, dim),
-                                                               keepdim=keepdim)
 MinMax = namedtuple("MinMax", ["values", "indices"])
 
 
 def _argmax(self, dim=None, keepdim=False):
     dim = None if dim is None else norm_dim(dim, self.ndim)
-    return Tensor._make(ops.argmax(self._data, dim=dim, keepdim=keepdim))
+    return self._make(ops.argmax(self._data, dim=dim, keepdim=keepdim))
 
 
 def _max(self, dim=None, keepdim=False):
     """Without dim: the maximum (gradient shared among ties, as torch). With dim:
     (values, indices); the gradient goes to the index, as torch's max(dim)."""
-    if isinstance(dim, Tensor):
+    if isinstance(dim, TensorBase):
         return ops.maximum(*_promote(self, dim))
     if dim is None:
         return ops.amax(self, dims=_dims(self, None), keepdim=False)
     d = norm_dim(dim, self.ndim)
-    idx = Tensor._make(ops.argmax(self._data, dim=d, keepdim=True))
+    idx = self._make(ops.argmax(self._data, dim=d, keepdim=True))
     values = ops.gather(self, idx, dim=d)
     if not keepdim:
         values, idx = values.squeeze(d), idx.squeeze(d)
@@ -288,24 +242,17 @@ def _max(self, dim=None, keepdim=False):
 
 
 def _min(self, dim=None, keepdim=False):
-    if isinstance(dim, Tensor):
+    if isinstance(dim, TensorBase):
         return ops.minimum(*_promote(self, dim))
     if dim is None:
         return -ops.amax(-self, dims=_dims(self, None), keepdim=False)
     d = norm_dim(dim, self.ndim)
-    idx = Tensor._make(ops.argmax(-self._data, dim=d, keepdim=True))
+    idx = self._make(ops.argmax(-self._data, dim=d, keepdim=True))
     values = ops.gather(self, idx, dim=d)
     if not keepdim:
         values, idx = values.squeeze(d), idx.squeeze(d)
     return MinMax(values, idx)
 
-
-Tensor.argmax = _argmax
-Tensor.max = _max
-Tensor.min = _min
-Tensor.softmax = lambda self, dim: ops.softmax(_float(self), dim=norm_dim(dim, self.ndim))
-Tensor.log_softmax = lambda self, dim: ops.log_softmax(_float(self),
-                                                       dim=norm_dim(dim, self.ndim))
 
 # ---------------------------------------------------------------- shape and views
 
@@ -414,22 +361,6 @@ def _flatten(self, start_dim=0, end_dim=-1):
     return self if shape == self.shape else _reshape(self, *shape)
 
 
-Tensor.reshape = _reshape
-Tensor.view = _view
-Tensor.permute = _permute
-Tensor.transpose = _transpose
-Tensor.t = _t
-Tensor.T = property(lambda self: ops.permute(self, perm=tuple(reversed(range(self.ndim)))))
-Tensor.mT = property(lambda self: _transpose(self, -2, -1))
-Tensor.expand = _expand
-Tensor.expand_as = lambda self, other: _expand(self, *other.shape)
-Tensor.unsqueeze = _unsqueeze
-Tensor.squeeze = _squeeze
-Tensor.flatten = _flatten
-Tensor.contiguous = lambda self: self if self._data.flags.c_contiguous else ops.copy(self)
-Tensor.clone = lambda self: ops.copy(self)
-
-
 def _narrow(self, dim, start, length):
     d = norm_dim(dim, self.ndim)
     n = self.shape[d]
@@ -473,17 +404,13 @@ def _chunk(self, chunks, dim=0):
     return _split(self, max(-(-n // chunks), 1), dim)
 
 
-Tensor.narrow = _narrow
-Tensor.select = _select
-Tensor.split = _split
-Tensor.chunk = _chunk
-Tensor.masked_fill = lambda self, mask, value: ops.masked_fill(self, mask, _as_tensor(value))
-
 # ---------------------------------------------------------------- module functions
 
 
-def cat(tensors, dim=0):
-    tensors = [_as_tensor(t) for t in tensors]
+def cat(tensors, dim=0, make=None):
+    """``ca.cat`` (``make``: Tensor._make, for lists and arrays among ``tensors``)."""
+    make = make or _maker(*tensors)
+    tensors = [_as_tensor(t, make) for t in tensors]
     if not tensors:
         raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
     d = norm_dim(dim, tensors[0].ndim)
@@ -496,23 +423,123 @@ def cat(tensors, dim=0):
     return ops.cat(*tensors, dim=d)
 
 
-def stack(tensors, dim=0):
-    tensors = [_as_tensor(t) for t in tensors]
+def stack(tensors, dim=0, make=None):
+    make = make or _maker(*tensors)
+    tensors = [_as_tensor(t, make) for t in tensors]
     d = norm_dim(dim, tensors[0].ndim + 1)
-    return cat([_unsqueeze(t, d) for t in tensors], d)
+    return cat([_unsqueeze(t, d) for t in tensors], d, make)
 
 
-def where(condition, input, other):
-    a, b = _promote(input, other)
+def where(condition, input, other, make=None):
+    make = make or _maker(condition, input, other)
+    a, b = _promote(input, other, make)
+    condition = _as_tensor(condition, make)
     try:
-        return ops.where(_as_tensor(condition), a, b)
+        return ops.where(condition, a, b)
     except ValueError:
-        raise _broadcast_error(a, b) or _broadcast_error(_as_tensor(condition), a) from None
+        raise _broadcast_error(a, b) or _broadcast_error(condition, a) from None
 
 
-def maximum(input, other):
-    return ops.maximum(*_promote(input, other))
+def maximum(input, other, make=None):
+    return ops.maximum(*_promote(input, other, make))
 
 
-def minimum(input, other):
-    return ops.minimum(*_promote(input, other))
+def minimum(input, other, make=None):
+    return ops.minimum(*_promote(input, other, make))
+
+
+def _prim_method(p):
+    """``x.<prim>()`` for an elementwise prim whose table entry sets ``method``:
+    "float" promotes integer inputs to the default float first (as torch's exp)."""
+    if _METHOD[p.name] == "float":
+        def op(self):
+            return p(_float(self))
+    else:
+        def op(self):
+            return p(self)
+    op.__name__ = op.__qualname__ = p.name
+    op.__doc__ = p.doc
+    return op
+
+
+# The Tensor methods the prim table declares (``method=`` in a prim's block).
+_METHOD = {"exp": "float", "log": "float", "sqrt": "float", "sin": "float", "cos": "float",
+           "tanh": "float", "sigmoid": "float", "erf": "float", "relu": "plain",
+           "sign": "plain", "neg": "plain", "abs": "plain"}
+TABLE_METHODS = {p.name: _prim_method(p) for p in PRIMS.values() if p.name in _METHOD}
+
+
+class TensorMethods(type("PrimMethods", (), dict(TABLE_METHODS, __slots__=()))):
+    """The ops of a Tensor (a base class of Tensor); its own base holds the methods
+    the prim table declares (TABLE_METHODS)."""
+
+    __slots__ = ()
+
+    __add__, __radd__ = _binary("add")
+    __sub__, __rsub__ = _binary("sub")
+    __mul__, __rmul__ = _binary("mul")
+    __pow__, __rpow__ = _binary("pow")
+    add, sub, mul, pow = __add__, __sub__, __mul__, __pow__
+    maximum = _binary("maximum")[0]
+    minimum = _binary("minimum")[0]
+    __truediv__ = div = _div
+    __rtruediv__ = lambda self, other: _div(other, self)
+    __neg__ = lambda self: ops.neg(self)
+    __abs__ = lambda self: ops.abs(self)
+    __pos__ = lambda self: self
+    gelu = lambda self, approximate="none": ops.gelu(_float(self), approximate=approximate)
+    __matmul__ = matmul = _matmul
+    __rmatmul__ = lambda self, other: _matmul(other, self)
+    clamp = _clamp
+    clip = _clamp
+    __gt__ = lambda self, o: ops.gt(*_promote(self, o))
+    __ge__ = lambda self, o: ops.ge(*_promote(self, o))
+    __lt__ = lambda self, o: ops.gt(*_promote(o, self))
+    __le__ = lambda self, o: ops.ge(*_promote(o, self))
+    __eq__ = eq = lambda self, o: ops.eq(*_promote(self, o))
+    __ne__ = ne = lambda self, o: ~ops.eq(*_promote(self, o))
+    __hash__ = object.__hash__
+    __invert__ = _logical(np.invert)
+    __and__ = logical_and = _logical(np.logical_and)
+    __or__ = logical_or = _logical(np.logical_or)
+    logical_not = _logical(np.logical_not)
+    to = _to_dtype
+    float = lambda self: _to_dtype(self, np.float32)
+    double = lambda self: _to_dtype(self, np.float64)
+    long = lambda self: _to_dtype(self, np.int64)
+    bool = lambda self: _to_dtype(self, np.bool_)
+    is_floating_point = lambda self: self.dtype.kind == "f"
+    sum = _sum
+    mean = _mean
+    var = _var
+    std = lambda self, dim=None, unbiased=None, keepdim=False, correction=None: \
+        ops.sqrt(_var(self, dim, unbiased, keepdim, correction), zero_grad_at_zero=True)
+    amax = lambda self, dim=None, keepdim=False: ops.amax(self, dims=_dims(self, dim),
+                                                          keepdim=keepdim)
+    amin = lambda self, dim=None, keepdim=False: -ops.amax(-self, dims=_dims(self, dim),
+                                                           keepdim=keepdim)
+    argmax = _argmax
+    max = _max
+    min = _min
+    softmax = lambda self, dim: ops.softmax(_float(self), dim=norm_dim(dim, self.ndim))
+    log_softmax = lambda self, dim: ops.log_softmax(_float(self), dim=norm_dim(dim, self.ndim))
+    reshape = _reshape
+    view = _view
+    permute = _permute
+    transpose = _transpose
+    t = _t
+    T = property(lambda self: ops.permute(self, perm=tuple(reversed(range(self.ndim)))))
+    mT = property(lambda self: _transpose(self, -2, -1))
+    expand = _expand
+    expand_as = lambda self, other: _expand(self, *other.shape)
+    unsqueeze = _unsqueeze
+    squeeze = _squeeze
+    flatten = _flatten
+    contiguous = lambda self: self if self._data.flags.c_contiguous else ops.copy(self)
+    clone = lambda self: ops.copy(self)
+    narrow = _narrow
+    select = _select
+    split = _split
+    chunk = _chunk
+    masked_fill = lambda self, mask, value: ops.masked_fill(self, mask,
+                                                            _as_tensor(value, self._make))

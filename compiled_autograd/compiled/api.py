@@ -1,4 +1,5 @@
-"""Compiled autograd: entry points, the cache, stats, logging and the backend registry.
+"""Compiled autograd's entry points: ``compiled_backward``, ``trace_backward``, and
+the run of one compiled backward.
 
 ``with ca.compiled_backward(backend="eager"):`` routes ``.backward()`` and
 ``ca.autograd.grad`` through ``run``: collect the compiled args of the autograd
@@ -6,91 +7,28 @@ graph (the key and the runtime values), look the key up, trace and compile on a
 miss, then call the compiled graph with the boxed lists. ``ca.trace_backward`` traces
 without running anything.
 
-Backends resolve by name through ``BACKENDS`` ("eager" is the reference
-interpreter; code generators register theirs by module path, so this layer never
-imports them) or are a user callable ``compiler_fn(graph) -> callable``.
+Entering ``compiled_backward`` hands the engine this module's compiler for the
+duration (``engine.set_compiler``): the engine never imports compiled autograd.
+Backends are resolved in ``backends``; the cache, its stats and logs are ``cache``.
 """
 from __future__ import annotations
 
-import importlib
-import logging
-from contextlib import nullcontext
-import operator
-import os
-import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
-from compiled_autograd.ir import passes
-from compiled_autograd.compiled import tracer
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
-from compiled_autograd.compiled.interpreter import Interpreter
-from compiled_autograd.ir.symbolic import ShapeEnv, guards_hold
+from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.compiled import native_walk, tracer
+from compiled_autograd.compiled.backends import resolve_backend
+from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
+                                              log_event, log_flags, miss_reason, static_check,
+                                              stats)
+from compiled_autograd.ir import passes
+from compiled_autograd.ir.symbolic import ShapeEnv
+from compiled_autograd.memory.schedule import memory_schedule
 from runtime import memory as _memory
-
-log = logging.getLogger("compiled_autograd")
-
-# name -> "module:function" or a compiler callable(graph) -> callable
-BACKENDS: dict = {"eager": Interpreter, "python": "codegen.python:compile_graph",
-                  "c": "codegen.c_run:compile_graph"}
-
-
-def register_backend(name: str, compiler) -> None:
-    """Register ``compiler(graph) -> callable`` (or a "module:function" path)."""
-    BACKENDS[name] = compiler
-
-
-def resolve_backend(backend):
-    if callable(backend):
-        return backend
-    try:
-        compiler = BACKENDS[backend]
-    except KeyError:
-        raise ValueError(f"unknown compiled autograd backend {backend!r}; "
-                         f"available: {sorted(BACKENDS)}") from None
-    if isinstance(compiler, str):
-        module, _, attr = compiler.partition(":")
-        compiler = BACKENDS[backend] = getattr(importlib.import_module(module), attr)
-    return compiler
-
-
-# ---------------------------------------------------------------- stats, logging
-
-_stats = {"captures": 0, "compiles": 0, "cache_hits": 0, "compile_seconds": 0.0}
-
-
-def compiled_autograd_stats() -> dict:
-    """captures (graphs traced), compiles (backend compilations), cache_hits,
-    compile_seconds (time spent tracing and compiling)."""
-    return dict(_stats)
-
-
-def _log_flags():
-    return {f.strip() for f in os.environ.get("CA_LOGS", "").split(",") if f.strip()}
-
-
-def _log(kind, message):
-    flags = _log_flags()
-    if kind in flags or (kind == "graph" and "verbose" in flags):
-        _ensure_handler()
-        log.info(message)
-
-
-def _ensure_handler():
-    """CA_LOGS alone shows the logs (like TORCH_LOGS): attach a stderr handler to
-    the ``compiled_autograd`` logger unless the application configured one."""
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[compiled_autograd] %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    if log.level == logging.NOTSET or log.level > logging.INFO:
-        log.setLevel(logging.INFO)
-
-
-# ---------------------------------------------------------------- the cache
-
 
 @dataclass
 class CompiledBackward:
@@ -105,7 +43,6 @@ class CompiledBackward:
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
         live at the peak, each unpacked value's unpack and free step."""
-        from compiled_autograd.memory.schedule import memory_schedule
         schedule = memory_schedule(self.graph, self.packed_kinds or ())
         schedule.arena = getattr(self.fn, "memory_plan", None)
         return schedule
@@ -149,91 +86,7 @@ class CompiledBackward:
         return str(self.graph)
 
 
-@dataclass
-class _Family:
-    """The compiled graphs of one structure (one key), for different sizes."""
-    dynamic: set            # positions in ``sizes`` made symbolic
-    entries: list           # (static (position, value) pairs, guards, CompiledBackward)
-    last_sizes: tuple = ()
-    compiler: object = None  # kept alive: its id is in the key
-
-    def lookup(self, sizes, scalars):
-        for static, guards, entry in self.entries:
-            if static(sizes) and (not guards or guards_hold(guards, sizes, scalars)):
-                return entry
-        return None
-
-
-def _static_check(sizes, dynamic):
-    """A C-speed test that the static sizes equal these."""
-    positions = [p for p in range(len(sizes)) if p not in dynamic]
-    if len(positions) == len(sizes):
-        return sizes.__eq__
-    if not positions:
-        return lambda s: True
-    pick = operator.itemgetter(*positions)
-    expected = pick(sizes)
-    return lambda s: pick(s) == expected
-
-
-_cache: dict = {}
-_cache_lock = threading.Lock()
-
-
-def reset_compiled_autograd() -> None:
-    """Drop the cache and zero the stats."""
-    with _cache_lock:
-        _cache.clear()
-        for k in _stats:
-            _stats[k] = 0 if k != "compile_seconds" else 0.0
-
-
-def _node_type(item):
-    if isinstance(item, type):
-        return item
-    if isinstance(item, tuple) and item and isinstance(item[0], type):
-        return item[0]
-    return None
-
-
-def _miss_reason(collected_key):
-    """Why the cache missed: the first item of the key no cached key shares."""
-    best, best_len = None, -1
-    for other in _cache:
-        n = 0
-        for a, b in zip(other[-1], collected_key):
-            if a != b:
-                break
-            n += 1
-        if n > best_len:
-            best, best_len = other, n
-    if best is None:
-        return "cache miss: empty cache"
-    # Name the autograd node whose collected args differ (NodeCall = its rank in
-    # the walk): every node's args end with its edges.
-    call = sum(1 for item in collected_key[:best_len]
-               if isinstance(item, tuple) and item[:1] == ("edges",))
-    item = collected_key[best_len] if best_len < len(collected_key) else None
-    theirs = best[-1][best_len] if best_len < len(best[-1]) else None
-    ours_type = _node_type(item)
-    if ours_type is not None and ours_type is not _node_type(theirs):
-        return f"cache miss: new autograd node {ours_type.__name__} (NodeCall {call})"
-    node_type = next((_node_type(k) for k in reversed(collected_key[:best_len + 1])
-                      if _node_type(k) is not None), None)
-    what = node_type.__name__ if node_type else "graph"
-    return f"cache miss: changed args of {what} (NodeCall {call}): {item!r}"
-
-
 # ---------------------------------------------------------------- options
-
-
-_options = threading.local()
-
-
-def current_options():
-    """The innermost compiled_backward's options, or None (eager autograd)."""
-    stack = getattr(_options, "stack", None)
-    return stack[-1] if stack else None
 
 
 class compiled_backward:
@@ -245,25 +98,30 @@ class compiled_backward:
             raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
+        self._handoff = []
 
     def __enter__(self):
-        stack = getattr(_options, "stack", None)
-        if stack is None:
-            stack = _options.stack = []
-        stack.append(self)
+        handoff = engine.set_compiler(self)
+        handoff.__enter__()
+        self._handoff.append(handoff)   # (a context may be entered again, nested)
         return self
 
     def __exit__(self, *exc):
-        _options.stack.pop()
-        return False
+        return self._handoff.pop().__exit__(*exc)
+
+    def run(self, roots, retain_graph, input_edges=None, accumulate=True):
+        """The engine's call: run this backward compiled (see ``run``)."""
+        return run(roots, retain_graph, input_edges, accumulate, self)
 
 
 # ---------------------------------------------------------------- running
 
 
 def _prepare(roots, input_edges, accumulate, record=True):
+    walk = native_walk.module() if not record else None
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
-                            input_edges=input_edges, accumulate=accumulate, native=not record)
+                            input_edges=input_edges, accumulate=accumulate,
+                            discover=walk.discover if walk is not None else None)
     collected = tracer.collect(task, roots, record)
     return task, collected, collected.freeze()
 
@@ -275,19 +133,18 @@ def _compile(task, roots, collected, key, unpack, compiler, n_captures, dynamic)
         graph = traced.graph
         passes.eliminate_dead_code(graph)
         passes.place_reads(graph, unpack)
-    _stats["captures"] += 1
+    stats["captures"] += 1
     fn = compiler(graph)
-    _stats["compiles"] += 1
-    _stats["compile_seconds"] += time.perf_counter() - start
-    _log("graph", f"compiled autograd graph {_stats['captures']}:\n{graph}")
+    stats["compiles"] += 1
+    stats["compile_seconds"] += time.perf_counter() - start
+    log_event("graph", f"compiled autograd graph {stats['captures']}:\n{graph}")
     return CompiledBackward(graph, fn, traced.constants, key, unpack,
                             packed_kinds(collected)), env.guards
 
 
-def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
-    """Run a backward through compiled autograd. Returns the captured gradients
-    (arrays) at ``input_edges``."""
-    options = options or current_options()
+def run(roots, retain_graph, input_edges, accumulate, options):
+    """Run a backward through compiled autograd with ``options`` (a
+    compiled_backward). Returns the captured gradients (arrays) at ``input_edges``."""
     task, collected, entry = lookup(roots, input_edges, accumulate, options)
     if not retain_graph:
         # The boxed lists become the only owners of the saved values: release them
@@ -296,11 +153,7 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
             sv.release()
         for fn in collected.release_nodes:
             fn.release_variables()
-    stack = getattr(engine._running, "stack", None)
-    if stack is None:
-        stack = engine._running.stack = []
-    stack.append(task)
-    try:
+    with engine.running(task):
         inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
         collected.inputs.clear()    # the boxed list is their only owner: freed on last use
         # As eager: the backward (and the hooks it calls) runs without grad mode.
@@ -309,8 +162,6 @@ def run(roots, retain_graph, input_edges=None, accumulate=True, options=None):
                 _memory.category("gradient") if _memory.active() else nullcontext():
             out = entry.fn(inputs, collected.sizes, collected.scalars,
                            collected.hooks, collected.packed_data)
-    finally:
-        stack.pop()
     return list(out) if out is not None else []
 
 
@@ -323,14 +174,14 @@ def lookup(roots, input_edges, accumulate, options):
     # so that id is never handed on to another callable while the entry exists.
     cache_key = (id(options.compiler), options.unpack, key)
     sizes, scalars = tuple(collected.sizes), collected.scalars
-    family = _cache.get(cache_key)
+    family = families.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:
         # The tracer needs to know where each value sits: collect again, recording.
         collected = tracer.collect(task, roots, record=True)
         entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
     else:
-        _stats["cache_hits"] += 1
+        stats["cache_hits"] += 1
         family.last_sizes = sizes    # (a miss sets it itself)
     return task, collected, entry
 
@@ -340,20 +191,20 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
     the same structure becomes dynamic (sizes 0 and 1 stay static, as in torch)."""
     sizes = tuple(collected.sizes)
     if family is None:
-        if "verbose" in _log_flags():
-            _ensure_handler()
-            log.info(_miss_reason(cache_key[-1]))
+        if "verbose" in log_flags():
+            ensure_handler()
+            log.info(miss_reason(cache_key[-1]))
         dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if options.dynamic else set()
-        family = _Family(dynamic, [], compiler=options.compiler)
-        with _cache_lock:
-            _cache[cache_key] = family
+        family = Family(dynamic, [], compiler=options.compiler)
+        with lock:
+            families[cache_key] = family
     else:
         changed = {p for p, (a, b) in enumerate(zip(family.last_sizes, sizes))
                    if a != b and a not in (0, 1) and b not in (0, 1)}
         family.dynamic |= changed
-        if "verbose" in _log_flags():
+        if "verbose" in log_flags():
             names = ", ".join(f"s{p}" for p in sorted(changed)) or "none (a guard failed)"
-            _ensure_handler()
+            ensure_handler()
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
                              len(input_edges or ()), family.dynamic)
@@ -361,9 +212,9 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
     guards = list(guards) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
     if collected.uncacheable_reason is None:
-        family.entries.append((_static_check(sizes, dynamic), guards, entry))
-    elif "verbose" in _log_flags():
-        _ensure_handler()
+        family.entries.append((static_check(sizes, dynamic), guards, entry))
+    elif "verbose" in log_flags():
+        ensure_handler()
         log.info(f"not cached: {collected.uncacheable_reason}")
     family.last_sizes = sizes
     return entry
@@ -371,15 +222,14 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
 
 def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
     """Trace the backward of ``loss`` into a graph; runs nothing and frees nothing."""
-    from compiled_autograd.autograd.tensor import Tensor
     outputs = [loss] if isinstance(loss, Tensor) else list(loss)
     grads = None if grad_outputs is None else (
         [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs))
-    roots = engine._make_root_grads(outputs, grads, create_graph=False)
+    roots = engine.make_root_grads(outputs, grads, create_graph=False)
     input_edges = None
     if inputs is not None:
         inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-        input_edges = engine._edges_of(inputs, "inputs")
+        input_edges = engine.edges_of(inputs, "inputs")
     task, collected, key = _prepare(roots, input_edges, accumulate=inputs is None)
     with ShapeEnv():
         traced = tracer.trace(task, roots, collected, len(input_edges or ()))
@@ -391,21 +241,19 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
 
 def packed_kinds(collected):
     """What each packed datum is: ("checkpoint", segment, alias), ("offload", None)
-    or ("hook", None) -- for planning what an unpack allocates."""
-    from compiled_autograd.autograd.graph import _OffloadedTensor
-    from compiled_autograd.autograd.checkpoint import _Holder
-    hook_of = {}
+    or ("hook", None) -- for planning what an unpack allocates. Each saved value
+    says what its packed data is (``packed_kind``); a checkpoint's holder says
+    whether recomputing it allocates (``alias``)."""
+    kinds = [None] * len(collected.packed_data)
+    segments = {}
     for sv in collected.saved:
         where = collected.slot.get(id(sv))
-        if where and where[0] == "hooked":
-            hook_of[where[2]] = collected.hooks[where[1]]
-    segments, kinds = {}, []
-    for j, packed in enumerate(collected.packed_data):
-        if isinstance(packed, _Holder):
-            kinds.append(("checkpoint", segments.setdefault(id(hook_of.get(j)), len(segments)),
-                          packed.alias))
-        elif isinstance(packed, _OffloadedTensor):
-            kinds.append(("offload", None))
+        if not where or where[0] != "hooked":
+            continue
+        _, hook_i, j = where
+        if sv.packed_kind == "checkpoint":
+            segment = segments.setdefault(id(collected.hooks[hook_i]), len(segments))
+            kinds[j] = ("checkpoint", segment, collected.packed_data[j].alias)
         else:
-            kinds.append(("hook", None))
+            kinds[j] = (sv.packed_kind, None)
     return kinds

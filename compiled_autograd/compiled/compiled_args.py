@@ -19,8 +19,8 @@ import contextlib
 
 import numpy as np
 
+from compiled_autograd.autograd.node import SavedVariable, accumulate_into
 from compiled_autograd.compiled import native_walk
-from compiled_autograd.autograd.saved_variable import SavedVariable
 
 
 class CompiledNodeArgs:
@@ -260,5 +260,4 @@ class SwapSavedVariables:
         return type(self)(needs)
 
     def accumulate_grad(self, variable, grad) -> None:
-        from compiled_autograd.autograd.node import accumulate_into
         accumulate_into(variable, grad)

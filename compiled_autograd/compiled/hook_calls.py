@@ -6,22 +6,20 @@ call them (``CALL_HOOK[kind]``).
 """
 from __future__ import annotations
 
-from compiled_autograd.autograd.hooks import _check_hook_result, _hook_name
-from compiled_autograd.autograd.node import accumulate_into
-from compiled_autograd.autograd.saved_variable import checked_unpack
+from compiled_autograd.autograd.hooks import check_hook_result, hook_name
+from compiled_autograd.autograd.node import accumulate_into, checked_unpack
+from compiled_autograd.autograd.tensor import Tensor
 
 
 def _tensor(a):
-    from compiled_autograd.autograd.tensor import Tensor
     return None if a is None else Tensor._make(a)
 
 
 def _array(result, like, hook):
-    from compiled_autograd.autograd.tensor import Tensor
     if not isinstance(result, Tensor):
-        raise TypeError(f"hook '{_hook_name(hook)}' returned {type(result).__name__}, "
+        raise TypeError(f"hook '{hook_name(hook)}' returned {type(result).__name__}, "
                         "expected a Tensor or None")
-    _check_hook_result(result, like, hook)
+    check_hook_result(result, like, hook)
     return result._data
 
 
@@ -41,13 +39,13 @@ def _replaced(result, grads, hook):
     """A node hook's replacement gradients. Which gradients are None is fixed
     when the backward is traced: a hook that drops one is refused."""
     if len(result) != len(grads):
-        raise RuntimeError(f"hook '{_hook_name(hook)}' returned {len(result)} values, "
+        raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} values, "
                            f"expected {len(grads)}")
     out = []
     for i, (r, g) in enumerate(zip(result, grads)):
         if r is None and g is not None:
             raise RuntimeError(
-                f"compiled autograd: hook '{_hook_name(hook)}' returned None for gradient "
+                f"compiled autograd: hook '{hook_name(hook)}' returned None for gradient "
                 f"{i}, which is not None; a compiled backward cannot drop a gradient (its "
                 "graph is fixed when traced): return zeros, or run this backward outside "
                 "ca.compiled_backward()")
@@ -72,7 +70,7 @@ def post_hook(hook, n_inputs, *grads):
 def post_acc_grad_hook(hook, variable):
     if hook(variable) is not None:
         raise RuntimeError("post accumulate grad hooks cannot return a value; "
-                           f"hook '{_hook_name(hook)}' returned one")
+                           f"hook '{hook_name(hook)}' returned one")
 
 
 CALL_HOOK = {"unpack_hook": unpack_hook, "tensor_pre_hook": tensor_pre_hook,

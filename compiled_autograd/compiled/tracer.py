@@ -16,14 +16,15 @@ import contextlib
 import numpy as np
 
 from compiled_autograd.autograd import engine
-from compiled_autograd.compiled import native_walk
 from compiled_autograd.autograd import hooks as _hooks
+from compiled_autograd.compiled import native_walk
 from compiled_autograd.compiled.compiled_args import (_INDEX_PARAMS, _NO_PARAMS, _PARAM_SPLITS,
                                              CompiledNodeArgs, SwapSavedVariables,
                                              _params_split)
+from compiled_autograd.ir import graph as ir
 from compiled_autograd.ir.graph import BOXED, Graph
-from compiled_autograd.autograd.node import NODE_CLASSES, AccumulateGrad, PrimBackward
-from compiled_autograd.autograd.saved_variable import SavedVariable
+from compiled_autograd.autograd.node import (NODE_CLASSES, AccumulateGrad, PrimBackward,
+                                             SavedVariable)
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.autograd.tensor import Tensor
 
@@ -238,18 +239,16 @@ def _element_strides(sv, shape):
     strides), else None. Other unpack hooks (a reload from disk, a user's) return
     arrays of their own making: no layout is promised, so none is recorded (a
     compiled backward would have to copy them into it)."""
-    from compiled_autograd.autograd.checkpoint import _Holder
     strides = getattr(sv, "strides", None)
     size = sv.dtype.itemsize
-    if strides is None or not isinstance(sv.packed, _Holder) or \
+    if strides is None or sv.packed_kind != "checkpoint" or \
             not all(type(d) is int for d in shape) or any(s < 0 or s % size for s in strides):
         return None
     return tuple(s // size for s in strides)
 
 
 def _graph_aval(a):
-    from compiled_autograd.ir.graph import Node, _Aval
-    return _Aval.of(a) if isinstance(a, Node) else a
+    return ir.Aval.of(a) if isinstance(a, ir.Node) else a
 
 
 class TraceSwap(SwapSavedVariables):
@@ -328,7 +327,7 @@ def _retainer(ref):
     def retain_grad(grad):
         t = ref()
         if t is not None:
-            _hooks._retain(t, grad._data)
+            _hooks.retain(t, grad._data)
     return retain_grad
 
 
@@ -386,7 +385,7 @@ def _collect_node(args, fn, edges, runs=True):
                 args.collect_hook(kind, nr, h)
     if runs:
         fn.compiled_args(args)
-        if engine._needs_validation(fn):
+        if engine.needs_validation(fn):
             # What user code must return: symbolic where dynamic, as the sizes
             # the returned gradients are checked against (tracer.visit).
             args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
@@ -461,9 +460,9 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset()):
             return ()
         outputs = fn.apply_with_saved(grads, swap)
         outputs = _post_hooks(tracer, fn, outputs, grads)
-        if outputs and engine._needs_validation(fn):
+        if outputs and engine.needs_validation(fn):
             shapes = swap.sizes(("validate", id(fn)), engine.expected_shapes(fn))
-            outputs = engine._validate(fn, outputs, shapes)
+            outputs = engine.validate(fn, outputs, shapes)
         return tuple(outputs)
 
     engine.walk(task, root_proxies, visit)

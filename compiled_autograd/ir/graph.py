@@ -21,6 +21,8 @@ import re
 
 import numpy as np
 
+from runtime.prims import PRIMS
+
 OPS = ("placeholder", "call_function", "call_hook", "output")
 HOOK_KINDS = ("unpack_hook", "tensor_pre_hook", "pre_hook", "post_hook",
               "post_acc_grad_hook", "accumulate_grad")
@@ -185,7 +187,6 @@ class Graph:
 
     def lint(self) -> None:
         """Check well-formedness and re-run every prim's shape rule."""
-        from runtime.prims import PRIMS
         names, position = set(), {}
         seen_non_placeholder = False
         for i, node in enumerate(self.nodes):
@@ -215,7 +216,7 @@ class Graph:
                 prim = PRIMS.get(node.target)
                 if prim is None:
                     raise RuntimeError(f"lint: unknown prim {node.target}")
-                shape, dtype = prim.meta(*[_Aval.of(a) for a in node.args], **node.kwargs)
+                shape, dtype = prim.meta(*[Aval.of(a) for a in node.args], **node.kwargs)
                 if tuple(shape) != tuple(node.meta["shape"]) or np.dtype(dtype) != node.meta["dtype"]:
                     raise RuntimeError(f"lint: {node.name}: meta says {node.meta['shape']} "
                                        f"{node.meta['dtype']}, shape rule says {shape} {dtype}")
@@ -297,7 +298,7 @@ class Graph:
         return json.dumps({"version": 1, "nodes": out}, indent=1)
 
 
-class _Aval:
+class Aval:
     """Shape and dtype of a node's value, for re-running shape rules in lint."""
 
     __slots__ = ("shape", "dtype")

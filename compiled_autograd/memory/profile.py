@@ -17,15 +17,15 @@ import tracemalloc
 from contextlib import nullcontext
 
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
+from compiled_autograd.memory.report import export_memory_viz, write_report
 from runtime import memory as _rt
-from runtime.memory import CATEGORIES, Event  # noqa: F401  (re-exported)
+from runtime.memory import CATEGORIES, Event, retag_saved  # noqa: F401  (re-exported)
 
 
 def _default_category():
     return "activation" if is_grad_enabled() else "temporary"
 
 
-_rt.set_default_category(_default_category)
 
 
 def category(name):
@@ -36,15 +36,6 @@ def category(name):
 def source(name):
     return _rt.source(name) if _rt.active() else nullcontext()
 
-
-def retag_saved(arr):
-    """A storage saved for backward: activation -> saved."""
-    if _rt.active():
-        for tracker in _rt._trackers:
-            key = id(_rt._root(arr))
-            entry = tracker.live.get(key)
-            if entry is not None and entry[1] == "activation":
-                tracker.retag(arr, "saved")
 
 
 class profile:
@@ -62,6 +53,9 @@ class profile:
                 tracemalloc.start()
             self._traced_at_start = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
+        # What an allocation is when no category is pushed: it depends on grad mode,
+        # which the runtime does not know.
+        _rt.set_default_category(_default_category)
         self._tracker = _rt.start()
         return self
 
@@ -118,14 +112,12 @@ class profile:
     def report(self, path, title="Memory profile", planned=None) -> str:
         """Write a report: ``.html`` (self-contained, SVG timeline), ``.txt`` or
         ``.json`` (the events), chosen by the suffix. Returns the path."""
-        from compiled_autograd.memory.report import write_report
         write_report(self.timeline, path, title=title, peak_bytes=self.peak_bytes,
                      planned=planned)
         return path
 
     def export_memory_viz(self, path) -> str:
         """A snapshot pickle that PyTorch's memory viewer (memory_viz) loads."""
-        from compiled_autograd.memory.report import export_memory_viz
         export_memory_viz(self.timeline, path)
         return path
 

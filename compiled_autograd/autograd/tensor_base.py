@@ -1,0 +1,151 @@
+"""What the autograd core knows of a tensor: its storage and autograd state.
+
+``TensorBase`` holds the fields every layer reads -- ``_data`` (an ndarray), the
+version counter (shared with views), ``_requires_grad``, ``_grad_fn`` and
+``_output_nr``, ``grad``, the view's ``_base`` -- and the metadata that needs nothing
+else (``shape``, ``dtype``, ``item()``, ...). ``Tensor`` (tensor.py) is its one
+implementation: it adds the ops, ``backward`` and the autograd properties, and it
+sits *above* the Nodes, the saved variables, the engine and the hooks. So those
+modules never name ``Tensor``: they test ``isinstance(x, TensorBase)`` and make a
+new tensor with ``x._make(array)`` on a tensor they were given (every tensor has
+``_make``, which always makes a plain ``Tensor`` with no history).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+class VersionCounter:
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+
+def type_name(dtype) -> str:
+    """torch-style type name: float32 -> FloatTensor."""
+    names = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long",
+             "int32": "Int", "bool": "Bool", "int8": "Char", "uint8": "Byte"}
+    return f"ca.{names.get(np.dtype(dtype).name, np.dtype(dtype).name)}Tensor"
+
+
+def as_ndarray(data, dtype=None):
+    """A fresh C-contiguous array; floating data defaults to float32 (DESIGN.md)."""
+    if isinstance(data, TensorBase):
+        data = data._data
+    arr = np.array(data, dtype=None if dtype is None else np.dtype(dtype), order="C",
+                   copy=True)
+    if dtype is None and arr.dtype.kind == "f" and arr.dtype != DEFAULT_FLOAT:
+        arr = arr.astype(DEFAULT_FLOAT)
+    if dtype is None and arr.dtype.kind in "iu":
+        arr = arr.astype(np.int64, copy=False)
+    return arr
+
+
+class TensorBase:
+    """Storage, version counter and autograd state of a tensor (see the module doc)."""
+
+    __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_version_counter",
+                 "_base", "_view_version", "grad", "_grad_acc_ref", "_retains_grad",
+                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "__weakref__")
+
+    def _init(self, data):
+        self._data = data
+        self._init_state()
+
+    def _init_state(self):
+        """Autograd state of a fresh tensor with no history (shared by proxies)."""
+        self._requires_grad = False
+        self._grad_fn = None
+        self._output_nr = 0
+        self._version_counter = VersionCounter()
+        self._base = None
+        self._view_version = 0
+        self.grad = None
+        self._grad_acc_ref = None
+        self._retains_grad = False
+        self._backward_hooks = None
+        self._post_accumulate_grad_hooks = None
+        # How a view was made, when torch forbids in-place on it later:
+        # "no_grad" (made without history) or "custom_function" (a Function's output).
+        self._creation = None
+
+    @staticmethod
+    def _make(data):
+        """A new plain Tensor over ``data`` with no history (defined by Tensor)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ metadata
+
+    @property
+    def _version(self) -> int:
+        return self._version_counter.value
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    @property
+    def shape(self):
+        return self._data.shape
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    def dim(self):
+        return self._data.ndim
+
+    def numel(self):
+        return int(self._data.size)
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def item(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be "
+                               "converted to Scalar")
+        return self._data.reshape(-1)[0].item()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def is_contiguous(self):
+        return bool(self._data.flags.c_contiguous)
+
+    def type(self):
+        return type_name(self.dtype)
+
+    def __bool__(self):
+        if self._data.size != 1:
+            raise RuntimeError("Boolean value of Tensor with more than one value is "
+                               "ambiguous")
+        return bool(self._data.reshape(-1)[0])
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __repr__(self):
+        body = np.array2string(self._data, separator=", ", prefix="tensor(")
+        extra = ""
+        if self.dtype != np.float32:
+            extra += f", dtype={self.dtype.name}"
+        if self._grad_fn is not None:
+            extra += f", grad_fn=<{self._grad_fn.name()}>"
+        elif self._requires_grad:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    __hash__ = object.__hash__
