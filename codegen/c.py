@@ -1,8 +1,9 @@
 """Backend "c": a graph becomes one C function with a static memory plan.
 
 ``generate(graph)`` walks the graph once, in order, and turns every node into C
-through the templates under ``templates/c/`` (an elementwise prim's template is the
-C expression in its prim-table entry; the others name a template file):
+through the templates under ``templates/c/``, by the lowering record in its prim's
+table entry (``prim.c``: its kind picks the emitter in ``c_ops``; an elementwise
+prim's record holds its C expression, the others name their template file):
 
 - view prims make no code: they re-stride a value (``c_layout``), so a transpose
   folds into the BLAS call that reads it;
@@ -20,53 +21,29 @@ C expression in its prim-table entry; the others name a template file):
 """
 from __future__ import annotations
 
-import math
 import re
 
 import jinja2
 import numpy as np
 
-from codegen import c_memory
-from codegen.c_layout import (Storage, Val, add, broadcast_strides, c_expr, ctype, dim, expanded,
-                              mul, permuted, reshaped, sliced)
+from codegen import c_memory, c_ops
+from codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
+from codegen.c_text import ENV as _ENV
+from codegen.c_text import literal
 from codegen.python import _comment
 from compiled_autograd.graph import Node
-from compiled_autograd.symbolic import SymFloat, SymInt, expr_of
 from runtime.cbuild import array_data_offset, blas
+from runtime.lowering import SAME_LOOP
 from runtime.prims import PRIMS
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
-                          autoescape=False, keep_trailing_newline=True,
-                          undefined=jinja2.StrictUndefined, trim_blocks=True,
-                          lstrip_blocks=True)
 _EXPR_CACHE: dict[str, jinja2.Template] = {}
 
-REDUCTIONS = ("sum", "amax")
-COMPARES = ("gt", "ge", "eq")
-UNCAST = {"where": (0,), "masked_fill": (1,), "astype": (0,)}   # operands kept as they are
 
-
-def is_expression(target) -> bool:
-    """An elementwise prim: its C template is an expression, not a file."""
-    t = PRIMS[target].c_template
-    return t is not None and not t.endswith(".c.j2")
-
-
-def literal(value, ct) -> str:
-    """A Python scalar, or a symbolic one, as C of type ``ct``."""
-    if isinstance(value, (SymFloat, SymInt)):
-        return f"(({ct}){c_expr(expr_of(value))})"
-    if isinstance(value, bool):
-        return f"(({ct}){int(value)})"
-    if isinstance(value, int):
-        return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return f"(({ct})NAN)"
-        if math.isinf(value):
-            return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
-        return f"(({ct}){value!r})"
-    raise NotImplementedError(f"C backend: constant {value!r}")
+def lowering(node):
+    """The C lowering record of a call_function node's prim, or None (``getitem``
+    and other IR-level targets are not prims)."""
+    p = PRIMS.get(node.target) if node.op == "call_function" else None
+    return p.c if p is not None else None
 
 
 def _used_as_array(node) -> bool:
@@ -141,21 +118,24 @@ class Emitter:
     # ------------------------------------------------------------ planning passes
 
     def _fusable(self):
+        """The elementwise nodes inlined into their single user's loop, as the
+        lowering records allow: the producer's is ``fusable``, the user's
+        ``inlines`` the operand it is."""
         fused = set()
         for n in self.graph.nodes:
-            if n.op != "call_function" or n.target not in PRIMS or not is_expression(n.target):
-                continue
-            if len(n.users) != 1:
+            low = lowering(n)
+            if low is None or not low.fusable or len(n.users) != 1:
                 continue
             (u,) = n.users
-            if u.op != "call_function" or u.target not in PRIMS:
+            user = lowering(u)
+            if user is None:
                 continue
             if sum(a is n for a in u.args) != 1 or any(v is n for v in u.kwargs.values()):
                 continue
-            if is_expression(u.target):
+            if user.inlines == SAME_LOOP:
                 if tuple(map(dim, n.meta["shape"])) != tuple(map(dim, u.meta["shape"])):
                     continue
-            elif not (u.target in REDUCTIONS and u.args[0] is n):
+            elif not any(u.args[i] is n for i in user.inlines if i < len(u.args)):
                 continue
             fused.add(n)
         return fused
@@ -202,25 +182,25 @@ class Emitter:
 
     def expression(self, node, loop, leaves):
         """(C expression, dtype) of an elementwise node over ``loop``."""
-        prim = PRIMS[node.target]
+        low = PRIMS[node.target].c.options
         out_ct = ctype(node.meta["dtype"])
-        if node.target in COMPARES:
+        if low["compute"] == "inputs":
             arrays = [a.meta["dtype"] for a in node.args if isinstance(a, Node)]
             compute = ctype(np.result_type(*arrays)) if arrays else "double"
         else:
             compute = out_ct
-        keep = UNCAST.get(node.target, ())
+        keep = low["uncast"]
         names = {}
-        if node.target != "full_like":
+        if low["reads_inputs"]:
             for i, a in enumerate(node.args):
                 names["abc"[i]] = self.operand(a, loop, leaves, None if i in keep else compute)
         for k, v in node.kwargs.items():
             scalar = isinstance(v, (int, float)) and not isinstance(v, bool)
             names[k] = literal(v, compute) if scalar else v
-        template = _EXPR_CACHE.get(prim.c_template)
+        template = _EXPR_CACHE.get(low["expr"])
         if template is None:
-            template = _EXPR_CACHE[prim.c_template] = jinja2.Template(
-                prim.c_template, undefined=jinja2.StrictUndefined)
+            template = _EXPR_CACHE[low["expr"]] = jinja2.Template(
+                low["expr"], undefined=jinja2.StrictUndefined)
         # sfx: which typed version of a math.h helper (_f, _d, _i) the template calls
         sfx = {"float": "f", "double": "d"}.get(compute, "i")
         text = template.render(T=out_ct, sfx=sfx, **names)
@@ -291,7 +271,6 @@ class Emitter:
     # ------------------------------------------------------------ the walk
 
     def run(self):
-        from codegen import c_ops
         for step, node in enumerate(self.graph.nodes):
             self.step = step
             source = _comment(node.meta.get("source") or "")
@@ -305,12 +284,16 @@ class Emitter:
                 self.getitem(node)
             elif node in self.fused:
                 continue
-            elif node.target in PRIMS and PRIMS[node.target].view:
-                self.vals[node] = self.view(node)
             else:
+                low = lowering(node)
+                if low is None:
+                    raise NotImplementedError(f"C backend: {node.target!r} is not a prim")
                 before = len(self.stmts)
-                c_ops.emit(self, node)
-                self.stmts[before:] = [(s, source, t) for s, _, t in self.stmts[before:]]
+                c_ops.emit(self, node, low)
+                # A view's copy (a reshape of a strided value) is not labelled
+                # with the node's source: it stays under the block before it.
+                if low.kind != "view":
+                    self.stmts[before:] = [(s, source, t) for s, _, t in self.stmts[before:]]
         return self.finish()
 
     def getitem(self, node):
@@ -325,26 +308,6 @@ class Emitter:
             return
         site = self.site_of[container]
         self.vals[node] = site.item_vals[int(i)]
-
-    def view(self, node):
-        src = self.vals[node.args[0]]
-        p = {k: v for k, v in node.kwargs.items()}
-        shape = tuple(map(dim, node.meta["shape"]))
-        if node.target == "permute":
-            return permuted(src, p["perm"])
-        if node.target == "expand":
-            return expanded(src, shape)
-        if node.target == "slice":
-            v = sliced(src, p["dim"], dim(p["start"]), dim(p["step"]))
-            return v.with_layout(shape, v.strides, v.offset)
-        if node.target == "reshape":
-            v = reshaped(src, shape)
-            return v if v is not None else reshaped(self.materialize(src), shape)
-        if node.target == "as_strided":
-            base = self.contiguous(src)
-            return base.with_layout(shape, tuple(map(dim, p["strides"])),
-                                    add(base.offset, dim(p["offset"])))
-        raise AssertionError(node.target)
 
     # ------------------------------------------------------------ hooks and outputs
 
