@@ -41,6 +41,7 @@ def _elementwise(e, node, low):
     out = e.fresh(node)
     leaves = []
     text, _ = e.expression(node, out.shape, leaves)
+    out = e.reuse_dying_input(out, leaves)
     e.emit(e.store_loop(out, text, leaves))
     e.vals[node] = out
 
@@ -102,14 +103,14 @@ def _reduce(e, node, low):
     opt = low.options
     acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
     init = opt["init"][0 if floating else 1]
-    data = dict(op=opt["op"], out=out.ptr, T=out.ctype, acc=acc, init=init, value=text)
+    data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc, init=init, value=text)
     if loop and (len(loop) - 1) not in dims and dims:
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
         n_out = prod([loop[d] for d in kept])
         scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
             acc, out.dtype), (n_out,))
-        e.emit(_render(opt["rows_template"], scratch=scratch.name, n_out=c_expr(n_out),
+        e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
                        loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
                        acc_index=e.index(0, out_strides, names),
                        out_index=c_expr(out.offset), **data))
@@ -127,11 +128,11 @@ def _argmax(e, node, low):
     dims = tuple(range(len(loop))) if d is None else (d,)
     out = e.fresh(node)
     kept, out_strides, names = _reduced_layout(loop, dims)
-    e.emit(_render(low.template, out=out.ptr, T=x.ctype,
+    e.emit(_render(low.template, out=e.ptr(out), T=x.ctype,
                    outer=[(names[k], c_expr(loop[k])) for k in kept],
                    inner=[(names[k], c_expr(loop[k])) for k in dims],
                    out_index=e.index(out.offset, out_strides, names),
-                   x_index=e.index(x.offset, x.strides, names), x=x.ptr))
+                   x_index=e.index(x.offset, x.strides, names), x=e.ptr(x)))
     e.vals[node] = out
 
 
@@ -196,10 +197,10 @@ def _matmul(e, node, low):
     e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
-                   a=f"{a.ptr} + {e.index(a.offset, sa, names)}",
-                   b=f"{b.ptr} + {e.index(b.offset, sb, names)}",
-                   c=f"{out.ptr} + {e.index(out.offset, so, names)}",
-                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=out.ptr))
+                   a=f"{e.ptr(a)} + {e.index(a.offset, sa, names)}",
+                   b=f"{e.ptr(b)} + {e.index(b.offset, sb, names)}",
+                   c=f"{e.ptr(out)} + {e.index(out.offset, so, names)}",
+                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
     e.vals[node] = out
 
 
@@ -217,9 +218,9 @@ def _linear(e, node, low):
     fn, suffix = _gemm_prefix(out.dtype)
     e.emit(_render(low.template, fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
                    N=c_expr(n_out), K=c_expr(n_in), lda=c_expr(n_in), ldb=c_expr(ldw),
-                   ldc=c_expr(n_out), loops=[], a=f"{x.ptr} + {c_expr(x.offset)}",
-                   b=f"{w.ptr} + {c_expr(w.offset)}", c=out.ptr, beta=bias is not None,
-                   zero=c_expr(mul(prod(out.shape), out.dtype.itemsize)), out=out.ptr))
+                   ldc=c_expr(n_out), loops=[], a=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   b=f"{e.ptr(w)} + {c_expr(w.offset)}", c=e.ptr(out), beta=bias is not None,
+                   zero=c_expr(mul(prod(out.shape), out.dtype.itemsize)), out=e.ptr(out)))
     e.vals[node] = out
 
 
@@ -235,7 +236,7 @@ def _softmax(e, node, low):
     os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
     e.emit(_render(low.template, log=low.options["log"], T=x.ctype,
                    outer=[(names[k], c_expr(x.shape[k])) for k in outer],
-                   n=c_expr(x.shape[d]), x=x.ptr, out=out.ptr,
+                   n=c_expr(x.shape[d]), x=e.ptr(x), out=e.ptr(out),
                    x_base=e.index(x.offset, xs, names), x_step=c_expr(x.strides[d]),
                    out_base=e.index(out.offset, os_, names), out_step=c_expr(out.strides[d])))
     e.vals[node] = out
@@ -245,8 +246,8 @@ def _layer_norm(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
     out = e.fresh(node)
-    e.emit(_render(low.template, T=x.ctype, x=f"{x.ptr} + {c_expr(x.offset)}",
-                   out=out.ptr, rows=c_expr(prod(x.shape[:len(x.shape) - k])),
+    e.emit(_render(low.template, T=x.ctype, x=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   out=e.ptr(out), rows=c_expr(prod(x.shape[:len(x.shape) - k])),
                    n=c_expr(prod(x.shape[len(x.shape) - k:])),
                    eps=repr(float(node.kwargs["eps"]))))
     e.vals[node] = out
@@ -257,6 +258,15 @@ def _layer_norm(e, node, low):
 def _cat(e, node, low):
     out = e.fresh(node)
     d = node.kwargs["dim"]
+    if len(node.args) == 1:
+        # The cat of one value is one copy loop, as an elementwise node is one
+        # loop: it too may write over its input where that dies here.
+        leaves = []
+        text = e.operand_val(e.vals[node.args[0]], out.shape, leaves, out.ctype)
+        out = e.reuse_dying_input(out, leaves)
+        e.emit(_render(low.template, parts=[e.store_loop(out, text, leaves)]))
+        e.vals[node] = out
+        return
     start, parts = 0, []
     for a in node.args:
         v = e.vals[a]
@@ -309,10 +319,10 @@ def _gather_like(e, node, low):
         _fill(e, out)
     e.emit(_render(low.template, scatter=scatter, T=out.ctype,
                    loops=[(nm, c_expr(s)) for nm, s in zip(names, loop)],
-                   idx=f"{idx.ptr}[{e.index(idx.offset, idx.strides, names)}]",
-                   n=c_expr(n), code=code, table=table.ptr,
+                   idx=f"{e.ptr(idx)}[{e.index(idx.offset, idx.strides, names)}]",
+                   n=c_expr(n), code=code, table=e.ptr(table),
                    table_index=e.index(table.offset, base, names), step=c_expr(table.strides[d]),
-                   other=f"{other.ptr}[{e.index(other.offset, other.strides, names)}]"))
+                   other=f"{e.ptr(other)}[{e.index(other.offset, other.strides, names)}]"))
     e.vals[node] = out
 
 
@@ -349,14 +359,14 @@ def _index_like(e, node, low):
         strides = [0] * len(y.shape)
         for t, (size, s) in enumerate(zip(v.shape, v.strides)):
             strides[b0 + lead + t] = 0 if size == 1 else s
-        reads.append((f"j{d}", f"{v.ptr}[{e.index(v.offset, strides, ynames)}]",
+        reads.append((f"j{d}", f"{e.ptr(v)}[{e.index(v.offset, strides, ynames)}]",
                       c_expr(x.shape[d]), c_expr(x.strides[d])))
     code = _error(e, f"index out of bounds in {'index_put' if accumulate else 'index'} "
                      f"(shape {tuple(x.shape)})")
     e.emit(_render(low.template, accumulate=accumulate, code=code,
                    loops=[(nm, c_expr(s)) for nm, s in zip(ynames, y.shape)], reads=reads,
-                   x=x.ptr, x_index=e.index(x.offset, x_strides, ynames),
-                   y=f"{y.ptr}[{e.index(y.offset, y.strides, ynames)}]"))
+                   x=e.ptr(x), x_index=e.index(x.offset, x_strides, ynames),
+                   y=f"{e.ptr(y)}[{e.index(y.offset, y.strides, ynames)}]"))
     e.vals[node] = out
 
 

@@ -1,9 +1,11 @@
-"""The C backend's text pieces shared by the emitter (``codegen.c``) and the
-per-kind lowerings (``codegen.c_ops``): the templates under ``templates/c/``
-and how a Python constant reads in C."""
+"""The C backend's text pieces shared by the emitter (``codegen.c``), the
+per-kind lowerings (``codegen.c_ops``) and the memory passes (``codegen.c_memory``):
+the templates under ``templates/c/``, the statement record, and how a Python
+constant reads in C."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jinja2
 
@@ -14,6 +16,18 @@ ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
                          autoescape=False, keep_trailing_newline=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True,
                          lstrip_blocks=True)
+
+
+class Stmt(NamedTuple):
+    """One C statement of the function, rendered once: at graph step ``step``
+    (a callback's release at step + 0.5), under the comment ``source``, with the
+    storages its ``text`` names (``uses``) and those whose pointer it sets
+    (``sets``): the function's and each part's declarations come from these."""
+    step: float
+    source: str
+    text: str
+    uses: frozenset
+    sets: frozenset
 
 
 def render(name, **data) -> str:
