@@ -50,7 +50,7 @@ def _view(e, node, low):
     src = e.vals[node.args[0]]
     p = node.kwargs
     shape = tuple(map(dim, node.meta["shape"]))
-    e.vals[node] = _LAYOUTS[low.options["layout"]](e, src, p, shape)
+    e.vals[node] = LAYOUTS[low.options["layout"]](e, src, p, shape)
 
 
 def _reshape(e, src, p, shape):
@@ -70,10 +70,10 @@ def _strided(e, src, p, shape):
 
 
 # A view's layout (``View.layout``) -> its new Val over the same storage.
-_LAYOUTS = {
-    "permute": lambda e, src, p, shape: permuted(src, p["perm"]),
-    "broadcast": lambda e, src, p, shape: expanded(src, shape),
-    "slice": _slice, "reshape": _reshape, "strided": _strided,
+LAYOUTS = {
+    "permuted": lambda e, src, p, shape: permuted(src, p["perm"]),
+    "expanded": lambda e, src, p, shape: expanded(src, shape),
+    "sliced": _slice, "reshaped": _reshape, "strided": _strided,
 }
 
 
@@ -373,9 +373,9 @@ def _index_like(e, node, low):
 # Lowering kind (``runtime.lowering``) -> its emitter.
 EMITTERS = {
     "elementwise": _elementwise, "view": _view, "reduction": _reduce, "argreduce": _argmax,
-    "gemm": _matmul, "gemm_bias": _linear, "softmax": _softmax, "normalize_rows": _layer_norm,
+    "gemm": _matmul, "gemm_bias": _linear, "row_softmax": _softmax, "row_normalize": _layer_norm,
     "concat": _cat, "slice_scatter": _slice_backward, "strided_scatter": _as_strided_scatter,
-    "gather": _gather_like, "index": _index_like,
+    "gather_scatter": _gather_like, "advanced_index": _index_like,
 }
 
-__all__ = ["EMITTERS", "emit"]
+__all__ = ["EMITTERS", "LAYOUTS", "emit"]

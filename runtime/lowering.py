@@ -78,8 +78,9 @@ class Reduction(Lowering):
 
 class View(Lowering):
     """No code: the result is a new layout over its input's storage. ``layout``
-    names how the strides change: "permute", "broadcast", "slice", "reshape"
-    (a copy first when the input is not contiguous), "strided"."""
+    names how the strides change (after ``codegen.c_layout``'s functions):
+    "permuted", "expanded", "sliced", "reshaped" (a copy first when the input
+    is not contiguous), "strided"."""
 
     __slots__ = ()
 
@@ -89,7 +90,7 @@ class View(Lowering):
 
 class Template(Lowering):
     """A kernel of its own: ``kind`` names the emitter that fills ``template``
-    (gemm, softmax, gather, ...), ``options`` select its variants."""
+    (gemm, row_softmax, gather_scatter, ...), ``options`` select its variants."""
 
     __slots__ = ()
 

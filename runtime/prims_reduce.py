@@ -105,7 +105,7 @@ def _same_meta(x, **_):
 
 
 @prim("softmax", meta=_same_meta, save=("out",), index_params=("dim",),
-      c=Template("softmax.c.j2", kind="softmax", log=False))
+      c=Template("softmax.c.j2", kind="row_softmax", log=False))
 def softmax(x, dim):
     if x.size == 0:  # numpy's amax has no identity for an empty reduction
         return np.array(x, order="C", copy=True)
@@ -121,7 +121,7 @@ def _(ctx, g):
 
 
 @prim("log_softmax", meta=_same_meta, save=("out",), index_params=("dim",),
-      c=Template("softmax.c.j2", kind="softmax", log=True))
+      c=Template("softmax.c.j2", kind="row_softmax", log=True))
 def log_softmax(x, dim):
     if x.size == 0:
         return np.array(x, order="C", copy=True)
@@ -137,7 +137,7 @@ def _(ctx, g):
 
 
 @prim("layer_norm", meta=_same_meta, save=(0,), index_params=("ndim",),
-      c=Template("layer_norm.c.j2", kind="normalize_rows"))
+      c=Template("layer_norm.c.j2", kind="row_normalize"))
 def layer_norm(x, ndim, eps):
     """Normalise over the last ``ndim`` dims (biased variance); the affine part is
     ordinary mul/add ops."""

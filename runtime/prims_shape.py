@@ -14,7 +14,7 @@ from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 # ---------------------------------------------------------------- views
 
 
-@prim("reshape", view=True, c=View("reshape"), meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("reshape", view=True, c=View("reshaped"), meta=lambda x, shape: (tuple(shape), x.dtype))
 def reshape(x, shape):
     """A view when the layout allows one, else a copy (numpy decides)."""
     return np.reshape(x, shape)
@@ -25,7 +25,7 @@ def _(ctx, g):
     return (ops.reshape(g, shape=ctx.shapes[0]),)
 
 
-@prim("permute", view=True, c=View("permute"), index_params=("perm",),
+@prim("permute", view=True, c=View("permuted"), index_params=("perm",),
       meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype))
 def permute(x, perm):
     return np.transpose(x, perm)
@@ -36,7 +36,7 @@ def _(ctx, g):
     return (ops.permute(g, perm=tuple(int(i) for i in np.argsort(ctx.params["perm"]))),)
 
 
-@prim("expand", view=True, c=View("broadcast"), meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("expand", view=True, c=View("expanded"), meta=lambda x, shape: (tuple(shape), x.dtype))
 def expand(x, shape):
     """Broadcast to ``shape`` without copying (a read-only stride-0 view)."""
     return np.broadcast_to(x, shape)
@@ -58,7 +58,7 @@ def _slice_meta(x, dim, start, stop, step):
     return tuple(shape), x.dtype
 
 
-@prim("slice", view=True, meta=_slice_meta, c=View("slice"), index_params=("dim",))
+@prim("slice", view=True, meta=_slice_meta, c=View("sliced"), index_params=("dim",))
 def slice_(x, dim, start, stop, step):
     """``x[..., start:stop:step, ...]`` along ``dim`` (bounds already clipped)."""
     return x[_slice_key(x.ndim, dim, start, stop, step)]
@@ -165,7 +165,7 @@ def _along_axis_key(idx, dim, shape):
 
 @prim("gather", save=(1,),
       meta=lambda x, idx, dim: (tuple(idx.shape), x.dtype),
-      c=Template("gather.c.j2", kind="gather", scatter=False), index_params=("dim",))
+      c=Template("gather.c.j2", kind="gather_scatter", scatter=False), index_params=("dim",))
 def gather(x, idx, dim):
     """``out[i][j] = x[i][idx[i][j]]`` along ``dim`` (torch.gather)."""
     return np.take_along_axis(x, idx, axis=dim)
@@ -179,7 +179,7 @@ def _(ctx, g):
 
 @prim("scatter_add", save=(1,),
       meta=lambda src, idx, dim, shape: (tuple(shape), src.dtype),
-      c=Template("gather.c.j2", kind="gather", scatter=True), index_params=("dim",))
+      c=Template("gather.c.j2", kind="gather_scatter", scatter=True), index_params=("dim",))
 def scatter_add(src, idx, dim, shape):
     """Zeros of ``shape`` with ``src`` added at ``idx`` along ``dim`` (duplicates add)."""
     out = np.zeros(shape, dtype=src.dtype)
@@ -217,7 +217,7 @@ def _index_meta(x, *indices, pattern):
 
 
 @prim("index", save=("tail",), meta=_index_meta, index_params=("pattern",),
-      c=Template("index.c.j2", kind="index", accumulate=False))
+      c=Template("index.c.j2", kind="advanced_index", accumulate=False))
 def index(x, *indices, pattern):
     """numpy/torch advanced indexing with integer or boolean index arrays."""
     return as_array(x[_index_key(indices, pattern)])
@@ -232,7 +232,7 @@ def _(ctx, g):
 
 @prim("index_accumulate", save=("tail",),
       meta=lambda src, *indices, shape, pattern: (tuple(shape), src.dtype),
-      c=Template("index.c.j2", kind="index", accumulate=True), index_params=("pattern",))
+      c=Template("index.c.j2", kind="advanced_index", accumulate=True), index_params=("pattern",))
 def index_accumulate(src, *indices, shape, pattern):
     """Zeros of ``shape`` with ``src`` added at the indexed places (duplicates add):
     the gradient of ``index``."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_ops import EMITTERS
+from codegen.c_ops import EMITTERS, LAYOUTS
 from codegen.c_run import compile_graph
 from compiled_autograd.node import NODE_CLASSES, PrimBackward
 from helpers import needs_cc
@@ -37,6 +37,8 @@ def test_every_prim_has_every_field(name):
     assert isinstance(p.c, Lowering), f"prim {name} declares no C lowering (c=)"
     assert p.c.kind in EMITTERS, f"prim {name}: no C emitter for kind {p.c.kind!r}"
     assert (p.c.kind == "view") == p.view, name
+    if p.view:
+        assert p.c.options["layout"] in LAYOUTS, (name, p.c)
     templates = [p.c.template, p.c.options.get("rows_template")]
     for t in filter(None, templates):
         assert (TEMPLATES / t).is_file(), f"prim {name}: no template {t}"
