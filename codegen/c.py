@@ -201,7 +201,8 @@ class Emitter:
     def emit(self, text, source="", sets=()):
         """Append a statement: ``text``, naming the storages noted since the last
         one, and setting the pointers of ``sets``."""
-        self.stmts.append(Stmt(self.step, source, text, self.named, frozenset(sets)))
+        self.stmts.append(Stmt(self.step, source, text, frozenset(self.named),
+                               frozenset(sets)))
         self.named = set()
 
     # ------------------------------------------------------------ expressions
@@ -452,9 +453,9 @@ class Emitter:
             for step in sorted(dying):
                 site = Site(len(prog.sites), None, [], step + 0.5, dying[step])
                 prog.sites.append(site)
-                self.stmts.append(Stmt(step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
-                                       f"  /* release: {len(dying[step])} array(s) past last use */",
-                                       frozenset(), frozenset()))
+                text = (f"if (cb({site.index}, NULL)) return 1;"
+                        f"  /* release: {len(dying[step])} array(s) past last use */")
+                self.stmts.append(Stmt(step + 0.5, "", text, frozenset(), frozenset()))
         prog.arena_index = {s: i for i, s in enumerate(prog.arena_storages)}
         lazy = c_memory.allocate_outputs_late(prog, self.stmts)
         late_arena = c_memory.plan_arena_blocks(prog, self.stmts)

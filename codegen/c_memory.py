@@ -25,8 +25,8 @@ def allocate_outputs_late(prog, stmts):
             site.alloc.append(s)
             lazy.add(s)
             # after the callback itself (same step, emitted later: stable sort)
-            stmts.append(Stmt(site.step, "", f"{s.name} = ({ctype(s.dtype)} *)"
-                                             f"CA_DATA(out[{s.index}]);", {s}, {s}))
+            text = f"{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);"
+            stmts.append(Stmt(site.step, "", text, frozenset((s,)), frozenset((s,))))
     return lazy
 
 
@@ -58,7 +58,7 @@ def plan_arena_blocks(prog, stmts):
         if opened > 0:
             late.add(s)
             stmts.append(Stmt(prog.cuts[opened - 1], "", f"{s.name} = {arena_pointer(prog, s)};",
-                              {s}, {s}))
+                              frozenset((s,)), frozenset((s,))))
     return late
 
 

@@ -18,6 +18,7 @@ import pytest
 import compiled_autograd as ca
 from codegen import arena
 from codegen.c import generate
+from codegen.c_ops import EMITTERS, LAYOUTS
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.interpreter import Interpreter
@@ -515,6 +516,16 @@ def test_a_masked_sum_over_a_middle_dim_is_right_at_o3():
     where/masked_fill now call ca_select, whose arguments load unconditionally."""
     for ours, eager in zip(_masked_sum_over_a_middle_dim("c"), _masked_sum_over_a_middle_dim()):
         np.testing.assert_allclose(ours, eager, rtol=1e-12, atol=1e-14)
+
+
+def test_c_lowering_is_by_kind_and_rendered_once():
+    """The C backend dispatches on the lowering records' kinds, never on prim
+    names, and never rewrites C it has emitted (no regular expressions)."""
+    assert not set(EMITTERS) & set(PRIMS) and not set(LAYOUTS) & set(PRIMS)
+    for name in ("c.py", "c_ops.py", "c_memory.py", "c_text.py"):
+        text = (ROOT / "codegen" / name).read_text()
+        assert "import re\n" not in text, name
+        assert not [p for p in PRIMS if f'target == "{p}"' in text or f'"{p}":' in text], name
 
 
 def test_selects_evaluate_their_operands_unconditionally():
