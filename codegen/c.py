@@ -1,8 +1,9 @@
 """Backend "c": a graph becomes one C function with a static memory plan.
 
 ``generate(graph)`` walks the graph once, in order, and turns every node into C
-through the templates under ``templates/c/`` (an elementwise prim's template is the
-C expression in its prim-table entry; the others name a template file):
+through the templates under ``templates/c/``, by the lowering record in its prim's
+table entry (``prim.c``: its kind picks the emitter in ``c_ops``; an elementwise
+prim's record holds its C expression, the others name their template file):
 
 - view prims make no code: they re-stride a value (``c_layout``), so a transpose
   folds into the BLAS call that reads it;
@@ -17,56 +18,39 @@ C expression in its prim-table entry; the others name a template file):
   exactly when the backward reaches it. The array it returns is used in place and
   released by Python at the next callback after its last use (nothing Python can
   see happens in between). Gradient accumulation is deferred the same way.
+
+Every decision is taken on records before the C it affects is rendered, and no C
+is rewritten afterwards: fusion from the lowering records before the walk; a
+loop's writing over a dying input (``reuse_dying_input``) from its out and leaves,
+with lifetimes known up front, before the loop's text exists; arena placement and
+late allocation after the walk, as statements and declarations of their own. Each
+statement (``c_text.Stmt``) records the storages it names and the pointers it sets
+(``Emitter.ptr``), so the declarations a function or a part needs come from those
+records.
 """
 from __future__ import annotations
-
-import math
-import re
 
 import jinja2
 import numpy as np
 
-from codegen import c_memory
-from codegen.c_layout import (Storage, Val, add, broadcast_strides, c_expr, ctype, dim, expanded,
-                              mul, permuted, reshaped, sliced)
+from codegen import c_memory, c_ops
+from codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
+from codegen.c_text import ENV as _ENV
+from codegen.c_text import Stmt, literal
 from codegen.python import _comment
 from compiled_autograd.ir.graph import Node
-from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
 from runtime.cbuild import array_data_offset, blas
+from runtime.lowering import SAME_LOOP
 from runtime.prims import PRIMS
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
-                          autoescape=False, keep_trailing_newline=True,
-                          undefined=jinja2.StrictUndefined, trim_blocks=True,
-                          lstrip_blocks=True)
 _EXPR_CACHE: dict[str, jinja2.Template] = {}
 
-REDUCTIONS = ("sum", "amax")
-COMPARES = ("gt", "ge", "eq")
-UNCAST = {"where": (0,), "masked_fill": (1,), "astype": (0,)}   # operands kept as they are
 
-
-def is_expression(target) -> bool:
-    """An elementwise prim: its C template is an expression, not a file."""
-    t = PRIMS[target].c_template
-    return t is not None and not t.endswith(".c.j2")
-
-
-def literal(value, ct) -> str:
-    """A Python scalar, or a symbolic one, as C of type ``ct``."""
-    if isinstance(value, (SymFloat, SymInt)):
-        return f"(({ct}){c_expr(expr_of(value))})"
-    if isinstance(value, bool):
-        return f"(({ct}){int(value)})"
-    if isinstance(value, int):
-        return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return f"(({ct})NAN)"
-        if math.isinf(value):
-            return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
-        return f"(({ct}){value!r})"
-    raise NotImplementedError(f"C backend: constant {value!r}")
+def lowering(node):
+    """The C lowering record of a call_function node's prim, or None (``getitem``
+    and other IR-level targets are not prims)."""
+    p = PRIMS.get(node.target) if node.op == "call_function" else None
+    return p.c if p is not None else None
 
 
 def _used_as_array(node) -> bool:
@@ -130,35 +114,56 @@ class Emitter:
         self.part_lines = part_lines
         self.prog = CProgram()
         self.vals: dict = {}
-        self.stmts: list[tuple[int, str, str]] = []   # (step, source comment, C text)
+        self.stmts: list[Stmt] = []
+        self.named: set = set()       # storages the statement being built names
         self.step = 0
         self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
         self.fused = self._fusable()
+        self.read_until = self._last_reads()
         self.site_of: dict = {}     # hook node -> its callback Site
-        self.loops: list = []         # elementwise loops: (step, out, leaves, accumulate)
         self.wants_out = self._wanted_outputs()
 
     # ------------------------------------------------------------ planning passes
 
     def _fusable(self):
+        """The elementwise nodes inlined into their single user's loop, as the
+        lowering records allow: the producer's is ``fusable``, the user's
+        ``inlines`` the operand it is."""
         fused = set()
         for n in self.graph.nodes:
-            if n.op != "call_function" or n.target not in PRIMS or not is_expression(n.target):
-                continue
-            if len(n.users) != 1:
+            low = lowering(n)
+            if low is None or not low.fusable or len(n.users) != 1:
                 continue
             (u,) = n.users
-            if u.op != "call_function" or u.target not in PRIMS:
+            user = lowering(u)
+            if user is None:
                 continue
             if sum(a is n for a in u.args) != 1 or any(v is n for v in u.kwargs.values()):
                 continue
-            if is_expression(u.target):
+            if user.inlines == SAME_LOOP:
                 if tuple(map(dim, n.meta["shape"])) != tuple(map(dim, u.meta["shape"])):
                     continue
-            elif not (u.target in REDUCTIONS and u.args[0] is n):
+            elif not any(u.args[i] is n for i in user.inlines if i < len(u.args)):
                 continue
             fused.add(n)
         return fused
+
+    def _last_reads(self):
+        """Each value's last read step, from the graph's one liveness analysis
+        (``Graph.last_uses``), where a node fused into a loop reads at that
+        loop's step. Known before the walk, so that a buffer's ``last`` is final
+        for the values on it so far (see ``run``) when a loop asks whether an
+        input dies in it."""
+        step = {n: i for i, n in enumerate(self.graph.nodes)}
+
+        def read_step(n):
+            while n in self.fused:
+                (n,) = n.users
+            return step[n]
+        position = {n: read_step(n) for n in self.graph.nodes}
+        return {value: position[reader]
+                for reader, values in self.graph.last_uses(position).items()
+                for value in values}
 
     def _wanted_outputs(self):
         want = set()
@@ -185,8 +190,20 @@ class Emitter:
             kind = "out" if node_or_meta in self.wants_out else "arena"
         return Val(self.new_storage(kind, dtype, shape), dtype, shape)
 
-    def emit(self, text, source=""):
-        self.stmts.append((self.step, source, text))
+    def ptr(self, v) -> str:
+        """The C name of ``v``'s storage (``v`` a Val or a Storage), noted as
+        named by the statement being built: its declarations follow from these
+        notes. Every pointer the emitters write goes through here."""
+        s = v if isinstance(v, Storage) else v.storage
+        self.named.add(s)
+        return s.name
+
+    def emit(self, text, source="", sets=()):
+        """Append a statement: ``text``, naming the storages noted since the last
+        one, and setting the pointers of ``sets``."""
+        self.stmts.append(Stmt(self.step, source, text, frozenset(self.named),
+                               frozenset(sets)))
+        self.named = set()
 
     # ------------------------------------------------------------ expressions
 
@@ -202,25 +219,25 @@ class Emitter:
 
     def expression(self, node, loop, leaves):
         """(C expression, dtype) of an elementwise node over ``loop``."""
-        prim = PRIMS[node.target]
+        low = PRIMS[node.target].c.options
         out_ct = ctype(node.meta["dtype"])
-        if node.target in COMPARES:
+        if low["compute"] == "inputs":
             arrays = [a.meta["dtype"] for a in node.args if isinstance(a, Node)]
             compute = ctype(np.result_type(*arrays)) if arrays else "double"
         else:
             compute = out_ct
-        keep = UNCAST.get(node.target, ())
+        keep = low["uncast"]
         names = {}
-        if node.target != "full_like":
+        if low["reads_inputs"]:
             for i, a in enumerate(node.args):
                 names["abc"[i]] = self.operand(a, loop, leaves, None if i in keep else compute)
         for k, v in node.kwargs.items():
             scalar = isinstance(v, (int, float)) and not isinstance(v, bool)
             names[k] = literal(v, compute) if scalar else v
-        template = _EXPR_CACHE.get(prim.c_template)
+        template = _EXPR_CACHE.get(low["expr"])
         if template is None:
-            template = _EXPR_CACHE[prim.c_template] = jinja2.Template(
-                prim.c_template, undefined=jinja2.StrictUndefined)
+            template = _EXPR_CACHE[low["expr"]] = jinja2.Template(
+                low["expr"], undefined=jinja2.StrictUndefined)
         # sfx: which typed version of a math.h helper (_f, _d, _i) the template calls
         sfx = {"float": "f", "double": "d"}.get(compute, "i")
         text = template.render(T=out_ct, sfx=sfx, **names)
@@ -261,11 +278,35 @@ class Emitter:
         body = text
         for j, (offset, _, _) in enumerate(leaves):
             body = body.replace(f"@{j}@", self.index(offset, vecs[j + 1], names))
-        target = f"{out.ptr}[{self.index(out.offset, vecs[0], names)}]"
-        self.loops.append((self.step, out, leaves, accumulate))
+        target = f"{self.ptr(out)}[{self.index(out.offset, vecs[0], names)}]"
         return _ENV.get_template("elementwise.c.j2").render(
             loops=list(zip(names, map(c_expr, dims))), target=target, body=body,
             op="+=" if accumulate else "=")
+
+    def reuse_dying_input(self, out: Val, leaves) -> Val:
+        """Where ``out`` may live, for a node whose whole C is one loop writing
+        ``out`` from ``leaves``: over an arena input that dies in that loop and
+        is read exactly where the same element of the result is written
+        (out[i] = f(a[i], ...)), else where it is. The two buffers become one,
+        which lowers the arena (the planner never has to hold both). Only for a
+        node of one loop: one that first fills its result (slice_backward's
+        zeros, as_strided_scatter's base copy) would overwrite the input before
+        the loop reads it. Decided before the loop is rendered, so its C (and
+        every later reader's) names the buffer it really uses."""
+        b = out.storage
+        if b.kind != "arena" or b.first != self.step:
+            return out
+        for offset, strides, a in leaves:
+            if (a is b or a.kind != "arena" or a.last != self.step or a.dtype != b.dtype
+                    or a.nbytes != b.nbytes or not isinstance(a.nbytes, int)):
+                continue
+            same = all(o == out.offset and list(st) == list(out.strides)
+                       for o, st, s in leaves if s is a)
+            if same and out.offset == 0 and out.is_contiguous():
+                arena = self.prog.arena_storages   # (b is the newest, but for a copy)
+                arena.pop() if arena[-1] is b else arena.remove(b)
+                return Val(a, out.dtype, out.shape, out.strides, out.offset)
+        return out
 
     def copy_into(self, dst: Val, src: Val, accumulate=False):
         leaves = []
@@ -276,7 +317,7 @@ class Emitter:
         """C text of array ``v`` read inside a loop over ``loop`` (broadcast),
         converted to ``ct`` (None: as it is)."""
         leaves.append((v.offset, broadcast_strides(v.shape, v.strides, len(loop)), v.storage))
-        text = f"{v.ptr}[@{len(leaves) - 1}@]"
+        text = f"{self.ptr(v)}[@{len(leaves) - 1}@]"
         return text if ct is None or v.ctype == ct else f"(({ct}){text})"
 
     def materialize(self, v: Val, kind="arena") -> Val:
@@ -291,7 +332,6 @@ class Emitter:
     # ------------------------------------------------------------ the walk
 
     def run(self):
-        from codegen import c_ops
         for step, node in enumerate(self.graph.nodes):
             self.step = step
             source = _comment(node.meta.get("source") or "")
@@ -305,12 +345,22 @@ class Emitter:
                 self.getitem(node)
             elif node in self.fused:
                 continue
-            elif node.target in PRIMS and PRIMS[node.target].view:
-                self.vals[node] = self.view(node)
             else:
+                low = lowering(node)
+                if low is None:
+                    raise NotImplementedError(f"C backend: {node.target!r} is not a prim")
                 before = len(self.stmts)
-                c_ops.emit(self, node)
-                self.stmts[before:] = [(s, source, t) for s, _, t in self.stmts[before:]]
+                c_ops.emit(self, node, low)
+                # A view's copy (a reshape of a strided value) is not labelled
+                # with the node's source: it stays under the block before it.
+                if low.kind != "view":
+                    self.stmts[before:] = [st._replace(source=source)
+                                           for st in self.stmts[before:]]
+            # The buffer under the node's value lives to the value's last read
+            # (a buffer no node owns, a scratch row or a copy, lives in its step).
+            v = self.vals.get(node)
+            if v is not None and node in self.read_until:
+                v.storage.last = max(v.storage.last, self.read_until[node])
         return self.finish()
 
     def getitem(self, node):
@@ -325,26 +375,6 @@ class Emitter:
             return
         site = self.site_of[container]
         self.vals[node] = site.item_vals[int(i)]
-
-    def view(self, node):
-        src = self.vals[node.args[0]]
-        p = {k: v for k, v in node.kwargs.items()}
-        shape = tuple(map(dim, node.meta["shape"]))
-        if node.target == "permute":
-            return permuted(src, p["perm"])
-        if node.target == "expand":
-            return expanded(src, shape)
-        if node.target == "slice":
-            v = sliced(src, p["dim"], dim(p["start"]), dim(p["step"]))
-            return v.with_layout(shape, v.strides, v.offset)
-        if node.target == "reshape":
-            v = reshaped(src, shape)
-            return v if v is not None else reshaped(self.materialize(src), shape)
-        if node.target == "as_strided":
-            base = self.contiguous(src)
-            return base.with_layout(shape, tuple(map(dim, p["strides"])),
-                                    add(base.offset, dim(p["offset"])))
-        raise AssertionError(node.target)
 
     # ------------------------------------------------------------ hooks and outputs
 
@@ -389,9 +419,10 @@ class Emitter:
         self.prog.sites.append(site)
         lines = [f"if (cb({site.index}, {'r' if site.results else 'NULL'})) return 1;"]
         for j, (_, v) in enumerate(site.results):
-            lines.append(f"{v.ptr} = ({v.ctype} *)r[{j}];")
+            lines.append(f"{self.ptr(v)} = ({v.ctype} *)r[{j}];")
         self.emit(_ENV.get_template("callback.c.j2").render(
-            n=len(site.results), lines=lines, kind=node.target))
+            n=len(site.results), lines=lines, kind=node.target),
+            sets=[v.storage for _, v in site.results])
 
     def output(self, node):
         for a in node.args[0]:
@@ -407,28 +438,8 @@ class Emitter:
 
     # ------------------------------------------------------------ the function
 
-    def _set_lifetimes(self):
-        """Each buffer's last step, from the graph's one liveness analysis
-        (``Graph.last_uses``): a value dies at the step of its last reader, where
-        a node fused into a loop reads at that loop's step; a buffer lives until
-        every value on it (its views too) has died. A buffer no node owns (a
-        scratch row, a copy) lives in the step that made it."""
-        step = {n: i for i, n in enumerate(self.graph.nodes)}
-
-        def read_step(n):
-            while n in self.fused:
-                (n,) = n.users
-            return step[n]
-        position = {n: read_step(n) for n in self.graph.nodes}
-        for reader, values in self.graph.last_uses(position).items():
-            for value in values:
-                v = self.vals.get(value)
-                if v is not None:
-                    v.storage.last = max(v.storage.last, position[reader])
-
     def finish(self):
         prog = self.prog
-        self._set_lifetimes()
         prog.dynamic = any(not isinstance(s.nbytes, int) for s in prog.arena_storages)
         n_steps = len(self.graph.nodes)
         # A graph that calls back into Python anyway (it has hooks) also calls back
@@ -442,16 +453,21 @@ class Emitter:
             for step in sorted(dying):
                 site = Site(len(prog.sites), None, [], step + 0.5, dying[step])
                 prog.sites.append(site)
-                self.stmts.append((step + 0.5, "", f"if (cb({site.index}, NULL)) return 1;"
-                                   f"  /* release: {len(dying[step])} array(s) past last use */"))
+                text = (f"if (cb({site.index}, NULL)) return 1;"
+                        f"  /* release: {len(dying[step])} array(s) past last use */")
+                self.stmts.append(Stmt(step + 0.5, "", text, frozenset(), frozenset()))
+        prog.arena_index = {s: i for i, s in enumerate(prog.arena_storages)}
         lazy = c_memory.allocate_outputs_late(prog, self.stmts)
-        renames = c_memory.reuse_dying_inputs(prog, self.stmts, self.loops)
         late_arena = c_memory.plan_arena_blocks(prog, self.stmts)
-        decls = []     # every pointer: its C type, name and initial value
+        # Every pointer some statement names: its C type, name and initial value.
+        # (An input only hooks or the output read is never named in C.)
+        named = set().union(*(st.uses for st in self.stmts))
+        decls = []
 
         def decl(storage, init, note=""):
-            decls.append({"type": ctype(storage.dtype), "name": storage.name, "init": init,
-                          "note": note})
+            if storage in named:
+                decls.append({"type": ctype(storage.dtype), "name": storage.name, "init": init,
+                              "note": note, "storage": storage})
         for s in prog.arena_storages:
             decl(s, "NULL" if s in late_arena else c_memory.arena_pointer(prog, s))
         for s in prog.out_storages:
@@ -464,39 +480,29 @@ class Emitter:
             decl(s, "NULL", f" (void){s.name};")
         blocks, current = [], None
         current_source = ""
-        for step, source, text in sorted(self.stmts, key=lambda t: t[0]):
-            source = source if step == int(step) else current_source
+        for st in sorted(self.stmts, key=lambda t: t.step):
+            source = st.source if st.step == int(st.step) else current_source
             current_source = source
             if current is None or current["source"] != source:
-                current = {"source": source, "stmts": []}
+                current = {"source": source, "stmts": [], "uses": set(), "sets": set()}
                 blocks.append(current)
-            current["stmts"].append(text)
-        if renames:
-            pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
-            for block in blocks:
-                block["stmts"] = [pattern.sub(lambda m: renames[m.group(1)], t)
-                                  for t in block["stmts"]]
-        used = "\n".join(t for b in blocks for t in b["stmts"])
-        words = set(_WORD.findall(used))
-        decls = [d for d in decls if d["name"] in words]
+            current["stmts"].append(st.text)
+            current["uses"] |= st.uses
+            current["sets"] |= st.sets
         parts = _split(blocks, self.part_lines)
         common = dict(decls=decls, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas())
         prog.sources = [_ENV.get_template("backward.c.j2").render(
             blocks=blocks, parts=parts if len(parts) > 1 else [], **common)]
         if len(parts) > 1:
             for k, part in enumerate(parts):
-                text = "\n".join(t for b in part for t in b["stmts"])
-                words, assigned = set(_WORD.findall(text)), set(_ASSIGNED.findall(text))
-                reads = [d for d in decls if d["name"] in words]
-                writes = [d for d in reads if d["name"] in assigned]
+                uses = set().union(*(b["uses"] for b in part))
+                sets = set().union(*(b["sets"] for b in part))
+                reads = [d for d in decls if d["storage"] in uses]
+                writes = [d for d in reads if d["storage"] in sets]
                 prog.sources.append(_ENV.get_template("part.c.j2").render(
                     index=k, blocks=part, reads=reads, writes=writes, **common))
         prog.source = "\n".join(prog.sources)
         return prog
-
-
-_WORD = re.compile(r"\b\w+\b")
-_ASSIGNED = re.compile(r"^\s*(\w+) = ", re.M)   # a pointer set by a statement
 
 
 def _split(blocks, max_lines):

@@ -100,7 +100,7 @@ class Storage:
     kind: "arena" (planned intermediate), "out" (an array Python allocates and keeps:
     gradients to accumulate, returned values), "in" (an input or constant array),
     "ext" (an array a callback returned). ``first``/``last``: the steps that write it
-    and last read it (``last`` from the graph's liveness: Emitter._set_lifetimes)."""
+    and last read it (``last`` from the graph's liveness: Emitter._last_reads)."""
 
     __slots__ = ("kind", "index", "dtype", "nbytes", "first", "last", "shape", "strides")
 

@@ -1,62 +1,14 @@
 """Where the C backend's buffers live, decided once the graph has been emitted:
-merged in-place buffers, output arrays allocated as late as the callbacks allow,
-and the arena plan with its blocks (``codegen.arena``). Each pass reads the
-program (``codegen.c.CProgram``) and appends the C statements it needs to
-``stmts`` as (step, source, text)."""
+output arrays allocated as late as the callbacks allow, and the arena plan with
+its blocks (``codegen.arena``). (A loop writing over a dying input is decided
+before its C is rendered: ``Emitter.reuse_dying_input``.) Each pass reads the
+program (``codegen.c.CProgram``) and appends the pointer assignments it needs to
+``stmts`` as ``c_text.Stmt`` records."""
 from __future__ import annotations
 
 from codegen import arena as arena_plan
 from codegen.c_layout import ctype
-
-
-def reuse_dying_inputs(prog, stmts, loops):
-    """An elementwise loop may write its result over an arena input that dies
-    in that loop, when it reads every element of that input exactly where it
-    writes the same element of the result (out[i] = f(a[i], ...)). The two
-    buffers become one, which lowers the arena (the planner never has to hold
-    both). Only when that loop is the node's only statement and only loop: a node
-    that first fills its result (slice_backward's zeros, as_strided_scatter's
-    base copy, in the same statement as its scatter) would otherwise overwrite
-    the input before the loop reads it. ``loops``: (step, out, leaves,
-    accumulate) per elementwise loop."""
-    alias: dict = {}
-    per_step: dict = {}
-    for s, _, _ in stmts:
-        per_step[s] = per_step.get(s, 0) + 1
-    loops_at: dict = {}
-    for s, *_ in loops:
-        loops_at[s] = loops_at.get(s, 0) + 1
-
-    def root(st):
-        while st in alias:
-            st = alias[st]
-        return st
-
-    for step, out, leaves, accumulate in loops:
-        b = out.storage
-        if (accumulate or b.kind != "arena" or b.first != step or b in alias
-                or per_step.get(step) != 1 or loops_at[step] != 1):
-            continue
-        for offset, strides, a in leaves:
-            a = root(a)
-            if (a is b or a.kind != "arena" or a.last != step or a.dtype != b.dtype
-                    or a.nbytes != b.nbytes or not isinstance(a.nbytes, int)):
-                continue
-            same = all(o == out.offset and list(st) == list(out.strides)
-                       for o, st, s in leaves if root(s) is a)
-            if same and out.offset == 0 and out.is_contiguous():
-                alias[b] = a
-                a.last = max(a.last, b.last)
-                break
-    # lifetimes of merged buffers: the union
-    for b in alias:
-        r = root(b)
-        r.last = max(r.last, b.last)
-    kept = [s for s in prog.arena_storages if s not in alias]
-    prog.arena_index = {s: i for i, s in enumerate(kept)}
-    prog.arena_index.update({b: prog.arena_index[root(b)] for b in alias})
-    prog.arena_storages = kept
-    return {b.name: root(b).name for b in alias}
+from codegen.c_text import Stmt
 
 
 def allocate_outputs_late(prog, stmts):
@@ -73,8 +25,8 @@ def allocate_outputs_late(prog, stmts):
             site.alloc.append(s)
             lazy.add(s)
             # after the callback itself (same step, emitted later: stable sort)
-            stmts.append((site.step, "", f"{s.name} = ({ctype(s.dtype)} *)"
-                                              f"CA_DATA(out[{s.index}]);"))
+            text = f"{s.name} = ({ctype(s.dtype)} *)CA_DATA(out[{s.index}]);"
+            stmts.append(Stmt(site.step, "", text, frozenset((s,)), frozenset((s,))))
     return lazy
 
 
@@ -105,7 +57,8 @@ def plan_arena_blocks(prog, stmts):
         opened = prog.windows[prog.block_of[i]][0]
         if opened > 0:
             late.add(s)
-            stmts.append((prog.cuts[opened - 1], "", f"{s.name} = {arena_pointer(prog, s)};"))
+            stmts.append(Stmt(prog.cuts[opened - 1], "", f"{s.name} = {arena_pointer(prog, s)};",
+                              frozenset((s,)), frozenset((s,))))
     return late
 
 

@@ -1,33 +1,25 @@
-"""C for one graph node of a non-view prim: the data for its template in
-``templates/c/``. ``emit(emitter, node)`` appends the statement and records the
-node's value. Elementwise prims share one loop template; their expression comes
-from the prim table."""
+"""C for one graph node, by the *kind* of its prim's lowering (``prim.c``, a
+``runtime.lowering`` record): ``EMITTERS[kind](emitter, node, lowering)``
+appends the node's statements and records its value. The record gives the
+template file and the facts its kind needs; no emitter here knows a prim by
+name. Elementwise prims share one loop template (their expression is the
+record's); view prims make no code, only a new layout (``c_layout``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim, mul,
-                              prod, sliced)
-
-from codegen import c as _c
-
-
-def emit(e, node):
-    if _c.is_expression(node.target):
-        out = e.fresh(node)
-        leaves = []
-        text, _ = e.expression(node, out.shape, leaves)
-        e.emit(e.store_loop(out, text, leaves))
-        e.vals[node] = out
-        return
-    handler = _HANDLERS.get(node.target)
-    if handler is None:
-        raise NotImplementedError(f"C backend: no emitter for prim {node.target!r}")
-    handler(e, node)
+from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
+                              expanded, mul, permuted, prod, reshaped, sliced)
+from codegen.c_text import render as _render
 
 
-def _render(name, **data):
-    return _c._ENV.get_template(name).render(**data)
+def emit(e, node, lowering):
+    """Append the C of ``node``, whose prim lowers as ``lowering``."""
+    emitter = EMITTERS.get(lowering.kind)
+    if emitter is None:
+        raise NotImplementedError(f"C backend: no emitter for lowering kind {lowering.kind!r} "
+                                  f"(prim {node.target!r})")
+    emitter(e, node, lowering)
 
 
 def _shape(node):
@@ -43,6 +35,48 @@ def _error(e, message) -> int:
     return -len(e.prog.errors)
 
 
+# ---------------------------------------------------------------- loops and views
+
+def _elementwise(e, node, low):
+    out = e.fresh(node)
+    leaves = []
+    text, _ = e.expression(node, out.shape, leaves)
+    out = e.reuse_dying_input(out, leaves)
+    e.emit(e.store_loop(out, text, leaves))
+    e.vals[node] = out
+
+
+def _view(e, node, low):
+    src = e.vals[node.args[0]]
+    p = node.kwargs
+    shape = tuple(map(dim, node.meta["shape"]))
+    e.vals[node] = LAYOUTS[low.options["layout"]](e, src, p, shape)
+
+
+def _reshape(e, src, p, shape):
+    v = reshaped(src, shape)
+    return v if v is not None else reshaped(e.materialize(src), shape)
+
+
+def _slice(e, src, p, shape):
+    v = sliced(src, p["dim"], dim(p["start"]), dim(p["step"]))
+    return v.with_layout(shape, v.strides, v.offset)
+
+
+def _strided(e, src, p, shape):
+    base = e.contiguous(src)
+    return base.with_layout(shape, tuple(map(dim, p["strides"])),
+                            add(base.offset, dim(p["offset"])))
+
+
+# A view's layout (``View.layout``) -> its new Val over the same storage.
+LAYOUTS = {
+    "permuted": lambda e, src, p, shape: permuted(src, p["perm"]),
+    "expanded": lambda e, src, p, shape: expanded(src, shape),
+    "sliced": _slice, "reshaped": _reshape, "strided": _strided,
+}
+
+
 # ---------------------------------------------------------------- reductions
 
 def _reduced_layout(loop, dims):
@@ -55,7 +89,7 @@ def _reduced_layout(loop, dims):
         out_strides[d] = s
     return kept, out_strides, [f"i{d}" for d in range(len(loop))]
 
-def _reduce(e, node):
+def _reduce(e, node, low):
     x = node.args[0]
     loop = _shape(x)
     dims = tuple(node.kwargs["dims"])
@@ -66,38 +100,39 @@ def _reduce(e, node):
     for j, (offset, strides, _) in enumerate(leaves):
         text = text.replace(f"@{j}@", e.index(offset, strides, names))
     floating = np.issubdtype(out.dtype, np.floating)
-    acc = ("double" if floating else "int64_t") if node.target == "sum" else out.ctype
-    init = "0" if node.target == "sum" else ("-INFINITY" if floating else "INT64_MIN")
-    data = dict(op=node.target, out=out.ptr, T=out.ctype, acc=acc, init=init, value=text)
+    opt = low.options
+    acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
+    init = opt["init"][0 if floating else 1]
+    data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc, init=init, value=text)
     if loop and (len(loop) - 1) not in dims and dims:
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
         n_out = prod([loop[d] for d in kept])
         scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
             acc, out.dtype), (n_out,))
-        e.emit(_render("reduce_rows.c.j2", scratch=scratch.name, n_out=c_expr(n_out),
+        e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
                        loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
                        acc_index=e.index(0, out_strides, names),
                        out_index=c_expr(out.offset), **data))
     else:
-        e.emit(_render("reduce.c.j2", outer=[(names[d], c_expr(loop[d])) for d in kept],
+        e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
                        inner=[(names[d], c_expr(loop[d])) for d in dims],
                        out_index=e.index(out.offset, out_strides, names), **data))
     e.vals[node] = out
 
 
-def _argmax(e, node):
+def _argmax(e, node, low):
     x = e.vals[node.args[0]]
     d = node.kwargs["dim"]
     loop = x.shape
     dims = tuple(range(len(loop))) if d is None else (d,)
     out = e.fresh(node)
     kept, out_strides, names = _reduced_layout(loop, dims)
-    e.emit(_render("argmax.c.j2", out=out.ptr, T=x.ctype,
+    e.emit(_render(low.template, out=e.ptr(out), T=x.ctype,
                    outer=[(names[k], c_expr(loop[k])) for k in kept],
                    inner=[(names[k], c_expr(loop[k])) for k in dims],
                    out_index=e.index(out.offset, out_strides, names),
-                   x_index=e.index(x.offset, x.strides, names), x=x.ptr))
+                   x_index=e.index(x.offset, x.strides, names), x=e.ptr(x)))
     e.vals[node] = out
 
 
@@ -134,7 +169,7 @@ def _gemm_prefix(dtype):
     raise NotImplementedError(f"C backend: matmul of {dt} arrays")
 
 
-def _matmul(e, node):
+def _matmul(e, node, low):
     a, b = e.vals[node.args[0]], e.vals[node.args[1]]
     out = e.fresh(node)
     M, K = a.shape[-2:]
@@ -159,17 +194,17 @@ def _matmul(e, node):
             lda = merged_lda if dims and dims[0] != 1 else lda
     fn, suffix = _gemm_prefix(out.dtype)
     names = [f"i{k}" for k in range(len(batch))]
-    e.emit(_render("matmul.c.j2", fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
+    e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
-                   a=f"{a.ptr} + {e.index(a.offset, sa, names)}",
-                   b=f"{b.ptr} + {e.index(b.offset, sb, names)}",
-                   c=f"{out.ptr} + {e.index(out.offset, so, names)}",
-                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=out.ptr))
+                   a=f"{e.ptr(a)} + {e.index(a.offset, sa, names)}",
+                   b=f"{e.ptr(b)} + {e.index(b.offset, sb, names)}",
+                   c=f"{e.ptr(out)} + {e.index(out.offset, so, names)}",
+                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
     e.vals[node] = out
 
 
-def _linear(e, node):
+def _linear(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     w = e.vals[node.args[1]]
     bias = e.vals[node.args[2]] if len(node.args) > 2 and node.args[2] is not None else None
@@ -181,17 +216,17 @@ def _linear(e, node):
     if bias is not None:
         e.emit(e.copy_into(out, bias))
     fn, suffix = _gemm_prefix(out.dtype)
-    e.emit(_render("matmul.c.j2", fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
+    e.emit(_render(low.template, fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
                    N=c_expr(n_out), K=c_expr(n_in), lda=c_expr(n_in), ldb=c_expr(ldw),
-                   ldc=c_expr(n_out), loops=[], a=f"{x.ptr} + {c_expr(x.offset)}",
-                   b=f"{w.ptr} + {c_expr(w.offset)}", c=out.ptr, beta=bias is not None,
-                   zero=c_expr(mul(prod(out.shape), out.dtype.itemsize)), out=out.ptr))
+                   ldc=c_expr(n_out), loops=[], a=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   b=f"{e.ptr(w)} + {c_expr(w.offset)}", c=e.ptr(out), beta=bias is not None,
+                   zero=c_expr(mul(prod(out.shape), out.dtype.itemsize)), out=e.ptr(out)))
     e.vals[node] = out
 
 
 # ---------------------------------------------------------------- fused normalisations
 
-def _softmax(e, node):
+def _softmax(e, node, low):
     x = e.vals[node.args[0]]
     d = node.kwargs["dim"]
     out = e.fresh(node)
@@ -199,20 +234,20 @@ def _softmax(e, node):
     outer = [k for k in range(len(x.shape)) if k != d]
     xs = [0 if k == d else s for k, s in enumerate(x.strides)]
     os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
-    e.emit(_render("softmax.c.j2", log=node.target == "log_softmax", T=x.ctype,
+    e.emit(_render(low.template, log=low.options["log"], T=x.ctype,
                    outer=[(names[k], c_expr(x.shape[k])) for k in outer],
-                   n=c_expr(x.shape[d]), x=x.ptr, out=out.ptr,
+                   n=c_expr(x.shape[d]), x=e.ptr(x), out=e.ptr(out),
                    x_base=e.index(x.offset, xs, names), x_step=c_expr(x.strides[d]),
                    out_base=e.index(out.offset, os_, names), out_step=c_expr(out.strides[d])))
     e.vals[node] = out
 
 
-def _layer_norm(e, node):
+def _layer_norm(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
     out = e.fresh(node)
-    e.emit(_render("layer_norm.c.j2", T=x.ctype, x=f"{x.ptr} + {c_expr(x.offset)}",
-                   out=out.ptr, rows=c_expr(prod(x.shape[:len(x.shape) - k])),
+    e.emit(_render(low.template, T=x.ctype, x=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   out=e.ptr(out), rows=c_expr(prod(x.shape[:len(x.shape) - k])),
                    n=c_expr(prod(x.shape[len(x.shape) - k:])),
                    eps=repr(float(node.kwargs["eps"]))))
     e.vals[node] = out
@@ -220,42 +255,52 @@ def _layer_norm(e, node):
 
 # ---------------------------------------------------------------- copies and scatters
 
-def _cat(e, node):
+def _cat(e, node, low):
     out = e.fresh(node)
     d = node.kwargs["dim"]
+    if len(node.args) == 1:
+        # The cat of one value is one copy loop, as an elementwise node is one
+        # loop: it too may write over its input where that dies here.
+        leaves = []
+        text = e.operand_val(e.vals[node.args[0]], out.shape, leaves, out.ctype)
+        out = e.reuse_dying_input(out, leaves)
+        e.emit(_render(low.template, parts=[e.store_loop(out, text, leaves)]))
+        e.vals[node] = out
+        return
     start, parts = 0, []
     for a in node.args:
         v = e.vals[a]
         dst = sliced(out, d, start, 1)
         parts.append(e.copy_into(dst.with_layout(v.shape, dst.strides, dst.offset), v))
         start = add(start, v.shape[d])
-    e.emit(_render("cat.c.j2", parts=parts))
+    e.emit(_render(low.template, parts=parts))
     e.vals[node] = out
 
 
-def _slice_backward(e, node):
+def _slice_backward(e, node, low):
     g = e.vals[node.args[0]]
     p = node.kwargs
     out = e.fresh(node)
     _fill(e, out)
     dst = sliced(out, p["dim"], dim(p["start"]), dim(p["step"]))
-    e.emit(_render("slice_backward.c.j2",
+    e.emit(_render(low.template,
                    copy=e.copy_into(dst.with_layout(g.shape, dst.strides, dst.offset), g)))
     e.vals[node] = out
 
 
-def _as_strided_scatter(e, node):
+def _as_strided_scatter(e, node, low):
     base, src = e.vals[node.args[0]], e.vals[node.args[1]]
     p = node.kwargs
     out = e.fresh(node)
     dst = out.with_layout(tuple(map(dim, p["shape"])), tuple(map(dim, p["strides"])),
                           dim(p["offset"]))
-    e.emit(_render("as_strided_scatter.c.j2", base=e.copy_into(out, base),
+    e.emit(_render(low.template, base=e.copy_into(out, base),
                    src=e.copy_into(dst, src)))
     e.vals[node] = out
 
 
-def _gather_like(e, node, scatter):
+def _gather_like(e, node, low):
+    scatter = low.options["scatter"]
     if scatter:
         src, idx = e.vals[node.args[0]], e.vals[node.args[1]]
     else:
@@ -268,21 +313,22 @@ def _gather_like(e, node, scatter):
     other = src if scatter else out
     base = [0 if k == d else s for k, s in enumerate(table.strides)]
     n = table.shape[d]
-    code = _error(e, f"index out of bounds in {'scatter_add' if scatter else 'gather'} along "
+    code = _error(e, f"index out of bounds in {node.target} along "
                      f"dim {d} (size {n})")
     if scatter:
         _fill(e, out)
-    e.emit(_render("gather.c.j2", scatter=scatter, T=out.ctype,
+    e.emit(_render(low.template, scatter=scatter, T=out.ctype,
                    loops=[(nm, c_expr(s)) for nm, s in zip(names, loop)],
-                   idx=f"{idx.ptr}[{e.index(idx.offset, idx.strides, names)}]",
-                   n=c_expr(n), code=code, table=table.ptr,
+                   idx=f"{e.ptr(idx)}[{e.index(idx.offset, idx.strides, names)}]",
+                   n=c_expr(n), code=code, table=e.ptr(table),
                    table_index=e.index(table.offset, base, names), step=c_expr(table.strides[d]),
-                   other=f"{other.ptr}[{e.index(other.offset, other.strides, names)}]"))
+                   other=f"{e.ptr(other)}[{e.index(other.offset, other.strides, names)}]"))
     e.vals[node] = out
 
 
-def _index_like(e, node, accumulate):
-    """index: y = x[indices]; index_accumulate: x = zeros, x[indices] += y."""
+def _index_like(e, node, low):
+    """y = x[indices]; accumulating: x = zeros, x[indices] += y."""
+    accumulate = low.options["accumulate"]
     pattern = node.kwargs["pattern"]
     if accumulate:
         y = e.vals[node.args[0]]
@@ -313,25 +359,23 @@ def _index_like(e, node, accumulate):
         strides = [0] * len(y.shape)
         for t, (size, s) in enumerate(zip(v.shape, v.strides)):
             strides[b0 + lead + t] = 0 if size == 1 else s
-        reads.append((f"j{d}", f"{v.ptr}[{e.index(v.offset, strides, ynames)}]",
+        reads.append((f"j{d}", f"{e.ptr(v)}[{e.index(v.offset, strides, ynames)}]",
                       c_expr(x.shape[d]), c_expr(x.strides[d])))
     code = _error(e, f"index out of bounds in {'index_put' if accumulate else 'index'} "
                      f"(shape {tuple(x.shape)})")
-    e.emit(_render("index.c.j2", accumulate=accumulate, code=code,
+    e.emit(_render(low.template, accumulate=accumulate, code=code,
                    loops=[(nm, c_expr(s)) for nm, s in zip(ynames, y.shape)], reads=reads,
-                   x=x.ptr, x_index=e.index(x.offset, x_strides, ynames),
-                   y=f"{y.ptr}[{e.index(y.offset, y.strides, ynames)}]"))
+                   x=e.ptr(x), x_index=e.index(x.offset, x_strides, ynames),
+                   y=f"{e.ptr(y)}[{e.index(y.offset, y.strides, ynames)}]"))
     e.vals[node] = out
 
 
-_HANDLERS = {
-    "sum": _reduce, "amax": _reduce, "argmax": _argmax, "matmul": _matmul, "linear": _linear,
-    "softmax": _softmax, "log_softmax": _softmax, "layer_norm": _layer_norm, "cat": _cat,
-    "slice_backward": _slice_backward, "as_strided_scatter": _as_strided_scatter,
-    "gather": lambda e, n: _gather_like(e, n, False),
-    "scatter_add": lambda e, n: _gather_like(e, n, True),
-    "index": lambda e, n: _index_like(e, n, False),
-    "index_accumulate": lambda e, n: _index_like(e, n, True),
+# Lowering kind (``runtime.lowering``) -> its emitter.
+EMITTERS = {
+    "elementwise": _elementwise, "view": _view, "reduction": _reduce, "argreduce": _argmax,
+    "gemm": _matmul, "gemm_bias": _linear, "row_softmax": _softmax, "row_normalize": _layer_norm,
+    "concat": _cat, "slice_scatter": _slice_backward, "strided_scatter": _as_strided_scatter,
+    "gather_scatter": _gather_like, "advanced_index": _index_like,
 }
 
-__all__ = ["emit"]
+__all__ = ["EMITTERS", "LAYOUTS", "emit"]

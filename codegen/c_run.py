@@ -35,8 +35,9 @@ import numpy as np
 from codegen import arena as arena_plan
 from codegen.c import generate
 from codegen.c_layout import Val, value_of
-from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from codegen.python import compile_graph as python_backend
 from compiled_autograd.autograd.node import accumulate_into
+from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import resolve
 from runtime import cbuild, memory
 from runtime.extension import Extension
@@ -405,5 +406,4 @@ def compile_graph(graph, build=True):
             raise
         warnings.warn(f"C backend unavailable, falling back to the Python backend: {e}",
                       RuntimeWarning, stacklevel=2)
-        from codegen.python import compile_graph as python_backend
         return python_backend(graph)

@@ -20,6 +20,10 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
+
+from runtime.cbuild import CBuildError, build_extension
+
 log = logging.getLogger("compiled_autograd")
 
 
@@ -76,11 +80,9 @@ class Extension:
             self._module = self._status = None
 
     def _load(self) -> None:
-        from runtime.cbuild import CBuildError, build_extension
         try:
             include, tag = [], ""
             if self.numpy_headers:
-                import numpy as np
                 include, tag = [np.get_include()], f"numpy {np.__version__}"
             path, _ = build_extension(self.source(), self.name, include, tag)
             spec = importlib.util.spec_from_file_location(self.name, path)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime import prims
+
 CATEGORIES = ("parameter", "activation", "saved", "recomputed", "reloaded", "gradient",
               "temporary")
 
@@ -212,7 +214,6 @@ def on_retag(arr, cat):
 
 def _install():
     """Point the prim table's kernel hook at ``on_kernel`` while tracking."""
-    from runtime import prims
     prims.set_kernel_hook(on_kernel if _trackers else None)
 
 

@@ -2,11 +2,13 @@
 
 Each prim declares, in one place, its name, its numpy kernel, its shape/dtype rule
 (``meta``), what its derivative needs saved (``save``), its derivative (``vjp``)
-written in prims, whether its result aliases its input (``view``) and its C template
-(``c_template``: for an elementwise prim, the C expression over its inputs ``a``,
-``b``, ``c`` and params; otherwise the name of a template under
-``codegen/templates/c/``; a view prim has none: the C backend folds it into strides). The definitions live in ``prims_elementwise``, ``prims_shape`` and
-``prims_reduce``; this module holds the machinery and the table, ``PRIMS``.
+written in prims, whether its result aliases its input (``view``), how it lowers to C
+(``c``: a record of ``runtime.lowering`` -- an elementwise expression, a reduction,
+a view's layout, a kernel template -- that the C backend dispatches on) and which
+of its params index dims rather than give sizes (``index_params``: a cache key
+holds them by value, never as symbolic sizes). The definitions live in
+``prims_elementwise``, ``prims_shape`` and ``prims_reduce``; this module holds the
+machinery and the table, ``PRIMS``.
 
 Calling a prim dispatches on its arguments, like ``__torch_function__``: if an
 argument's type defines ``__prim_call__(prim, args, params)`` that handler runs (the
@@ -52,9 +54,9 @@ class Prim:
     """One primitive op. Calling it dispatches (see the module docstring)."""
 
     __slots__ = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable",
-                 "c_template", "doc")
+                 "c", "index_params", "doc")
 
-    def __init__(self, name, kernel, meta, save, view, differentiable, c_template):
+    def __init__(self, name, kernel, meta, save, view, differentiable, c, index_params):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -62,7 +64,8 @@ class Prim:
         self.vjp = None
         self.view = view
         self.differentiable = differentiable
-        self.c_template = c_template
+        self.c = c
+        self.index_params = tuple(index_params)
         self.doc = kernel.__doc__
 
     def __call__(self, *args, **params):
@@ -102,17 +105,25 @@ class Ops:
 ops = Ops()
 
 
-def prim(name, *, meta, save: SaveSpec = (), view=False, differentiable=True,
-         c_template=None):
-    """Decorator that turns a numpy kernel into a registered prim."""
+def prim(name, *, meta, c, save: SaveSpec = (), view=False, differentiable=True,
+         index_params=()):
+    """Decorator that turns a numpy kernel into a registered prim. ``c`` (its C
+    lowering, a ``runtime.lowering`` record) has no default: a prim without one
+    fails here, not when the C backend first meets it."""
     def register(kernel):
         if name in PRIMS:
             raise RuntimeError(f"prim {name} registered twice")
-        p = Prim(name, kernel, meta, save, view, differentiable, c_template)
+        p = Prim(name, kernel, meta, save, view, differentiable, c, index_params)
         PRIMS[name] = p
         setattr(ops, name, p)
         return p
     return register
+
+
+def index_param_names() -> frozenset:
+    """Every param name that some prim declares an index (a dim, a permutation):
+    the front end splits a params dict into key and sizes by name alone."""
+    return frozenset(n for p in PRIMS.values() for n in p.index_params)
 
 
 class VJPContext:

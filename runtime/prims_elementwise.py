@@ -11,13 +11,14 @@ import numpy as np
 
 from runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
                            elementwise_meta, is_scalar, ops, prim, same_meta, shape_of, sum_to)
+from runtime.lowering import Elementwise
 from runtime.special import erf as _erf
 
 # ---------------------------------------------------------------- unary
 
 
 @prim("neg", meta=same_meta,
-      c_template="-{{ a }}")
+      c=Elementwise("-{{ a }}"))
 def neg(x):
     return as_array(np.negative(x))
 
@@ -28,7 +29,7 @@ def _(ctx, g):
 
 
 @prim("exp", meta=same_meta, save=("out",),
-      c_template="ca_exp_{{ sfx }}({{ a }})")
+      c=Elementwise("ca_exp_{{ sfx }}({{ a }})"))
 def exp(x):
     return as_array(np.exp(x))
 
@@ -40,7 +41,7 @@ def _(ctx, g):
 
 
 @prim("log", meta=same_meta, save=(0,),
-      c_template="log({{ a }})")
+      c=Elementwise("log({{ a }})"))
 def log(x):
     return as_array(np.log(x))
 
@@ -52,7 +53,7 @@ def _(ctx, g):
 
 
 @prim("sqrt", meta=same_meta, save=("out",),
-      c_template="sqrt({{ a }})")
+      c=Elementwise("sqrt({{ a }})"))
 def sqrt(x, zero_grad_at_zero=False):
     """``zero_grad_at_zero``: the gradient is 0 where the result is 0 (torch's
     std; a plain sqrt's is inf there)."""
@@ -69,7 +70,7 @@ def _(ctx, g):
 
 
 @prim("abs", meta=same_meta, save=(0,),
-      c_template="fabs({{ a }})")
+      c=Elementwise("fabs({{ a }})"))
 def abs_(x):
     return as_array(np.abs(x))
 
@@ -81,7 +82,7 @@ def _(ctx, g):
 
 
 @prim("sign", meta=same_meta,
-      c_template="ca_sign_{{ sfx }}({{ a }})")
+      c=Elementwise("ca_sign_{{ sfx }}({{ a }})"))
 def sign(x):
     return as_array(np.sign(x))
 
@@ -93,7 +94,7 @@ def _(ctx, g):
 
 
 @prim("sin", meta=same_meta, save=(0,),
-      c_template="sin({{ a }})")
+      c=Elementwise("sin({{ a }})"))
 def sin(x):
     return as_array(np.sin(x))
 
@@ -105,7 +106,7 @@ def _(ctx, g):
 
 
 @prim("cos", meta=same_meta, save=(0,),
-      c_template="cos({{ a }})")
+      c=Elementwise("cos({{ a }})"))
 def cos(x):
     return as_array(np.cos(x))
 
@@ -117,7 +118,7 @@ def _(ctx, g):
 
 
 @prim("tanh", meta=same_meta, save=("out",),
-      c_template="tanh({{ a }})")
+      c=Elementwise("tanh({{ a }})"))
 def tanh(x):
     return as_array(np.tanh(x))
 
@@ -129,7 +130,7 @@ def _(ctx, g):
 
 
 @prim("sigmoid", meta=same_meta, save=("out",),
-      c_template="ca_sigmoid_{{ sfx }}({{ a }})")
+      c=Elementwise("ca_sigmoid_{{ sfx }}({{ a }})"))
 def sigmoid(x):
     # Split by sign so exp never overflows.
     x = np.asarray(x)
@@ -144,7 +145,7 @@ def _(ctx, g):
 
 
 @prim("erf", meta=same_meta, save=(0,),
-      c_template="ca_erf_{{ sfx }}({{ a }})")
+      c=Elementwise("ca_erf_{{ sfx }}({{ a }})"))
 def erf(x):
     return _erf(np.asarray(x))
 
@@ -156,7 +157,7 @@ def _(ctx, g):
 
 
 @prim("relu", meta=same_meta, save=("out",),
-      c_template="ca_maximum_{{ sfx }}({{ a }}, 0)")
+      c=Elementwise("ca_maximum_{{ sfx }}({{ a }}, 0)"))
 def relu(x):
     return as_array(np.maximum(x, 0))
 
@@ -174,7 +175,7 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @prim("gelu", meta=same_meta, save=(0,),
-      c_template='{% if approximate == "tanh" %}ca_gelu_tanh_{{ sfx }}({{ a }}){% else %}ca_gelu_{{ sfx }}({{ a }}){% endif %}')
+      c=Elementwise('{% if approximate == "tanh" %}ca_gelu_tanh_{{ sfx }}({{ a }}){% else %}ca_gelu_{{ sfx }}({{ a }}){% endif %}'))
 def gelu(x, approximate="none"):
     x = np.asarray(x)
     if approximate == "tanh":
@@ -190,8 +191,8 @@ def _(ctx, g):
 
 
 @prim("gelu_backward", meta=elementwise_meta, save=((0, 1), 1),
-      c_template="{{ a }} * ca_gelu_grad{{ '_tanh' if approximate is defined and "
-                 "approximate == 'tanh' else '' }}_{{ sfx }}({{ b }})")
+      c=Elementwise("{{ a }} * ca_gelu_grad{{ '_tanh' if approximate is defined and "
+                    "approximate == 'tanh' else '' }}_{{ sfx }}({{ b }})"))
 def gelu_backward(g, x, approximate="none"):
     """torch's gelu_backward: g * gelu'(x). One prim, so that the C backend computes
     the derivative in one helper that shares exp(-x^2/2) between erf and the density."""
@@ -242,7 +243,7 @@ def _unbroadcast(ctx, i, g):
 
 
 @prim("add", meta=elementwise_meta,
-      c_template="{{ a }} + {{ b }}")
+      c=Elementwise("{{ a }} + {{ b }}"))
 def add(a, b):
     return as_array(np.add(a, b))
 
@@ -253,7 +254,7 @@ def _(ctx, g):
 
 
 @prim("sub", meta=elementwise_meta,
-      c_template="{{ a }} - {{ b }}")
+      c=Elementwise("{{ a }} - {{ b }}"))
 def sub(a, b):
     return as_array(np.subtract(a, b))
 
@@ -264,7 +265,7 @@ def _(ctx, g):
 
 
 @prim("mul", meta=elementwise_meta, save=((1, 0), (0, 1)),
-      c_template="{{ a }} * {{ b }}")
+      c=Elementwise("{{ a }} * {{ b }}"))
 def mul(a, b):
     return as_array(np.multiply(a, b))
 
@@ -277,7 +278,7 @@ def _(ctx, g):
 
 
 @prim("div", meta=elementwise_meta, save=(1, (0, 1)),
-      c_template="{{ a }} / {{ b }}")
+      c=Elementwise("{{ a }} / {{ b }}"))
 def div(a, b):
     return as_array(np.true_divide(a, b))
 
@@ -294,7 +295,7 @@ def _(ctx, g):
 
 
 @prim("pow", meta=elementwise_meta, save=(0, 1, ("out", 1)),
-      c_template="pow({{ a }}, {{ b }})")
+      c=Elementwise("pow({{ a }}, {{ b }})"))
 def pow_(a, b):
     return as_array(np.power(a, b))
 
@@ -334,7 +335,7 @@ def _minmax_vjp(ctx, g, a_wins):
 
 
 @prim("maximum", meta=elementwise_meta, save=(0, 1),
-      c_template="ca_maximum_{{ sfx }}({{ a }}, {{ b }})")
+      c=Elementwise("ca_maximum_{{ sfx }}({{ a }}, {{ b }})"))
 def maximum(a, b):
     return as_array(np.maximum(a, b))
 
@@ -346,7 +347,7 @@ def _(ctx, g):
 
 
 @prim("minimum", meta=elementwise_meta, save=(0, 1),
-      c_template="ca_minimum_{{ sfx }}({{ a }}, {{ b }})")
+      c=Elementwise("ca_minimum_{{ sfx }}({{ a }}, {{ b }})"))
 def minimum(a, b):
     return as_array(np.minimum(a, b))
 
@@ -358,7 +359,7 @@ def _(ctx, g):
 
 
 @prim("clamp", meta=same_meta, save=(0,),
-      c_template="{% if min is not none and max is not none %}ca_minimum_{{ sfx }}(ca_maximum_{{ sfx }}({{ a }}, {{ min }}), {{ max }}){% elif min is not none %}ca_maximum_{{ sfx }}({{ a }}, {{ min }}){% elif max is not none %}ca_minimum_{{ sfx }}({{ a }}, {{ max }}){% else %}{{ a }}{% endif %}")
+      c=Elementwise("{% if min is not none and max is not none %}ca_minimum_{{ sfx }}(ca_maximum_{{ sfx }}({{ a }}, {{ min }}), {{ max }}){% elif min is not none %}ca_maximum_{{ sfx }}({{ a }}, {{ min }}){% elif max is not none %}ca_minimum_{{ sfx }}({{ a }}, {{ max }}){% else %}{{ a }}{% endif %}"))
 def clamp(x, min=None, max=None):
     return as_array(np.clip(x, min, max))
 
@@ -379,19 +380,19 @@ def _(ctx, g):
 
 
 @prim("gt", meta=compare_meta, differentiable=False,
-      c_template="{{ a }} > {{ b }}")
+      c=Elementwise("{{ a }} > {{ b }}", compute="inputs"))
 def gt(a, b):
     return as_array(np.greater(a, b))
 
 
 @prim("ge", meta=compare_meta, differentiable=False,
-      c_template="{{ a }} >= {{ b }}")
+      c=Elementwise("{{ a }} >= {{ b }}", compute="inputs"))
 def ge(a, b):
     return as_array(np.greater_equal(a, b))
 
 
 @prim("eq", meta=compare_meta, differentiable=False,
-      c_template="{{ a }} == {{ b }}")
+      c=Elementwise("{{ a }} == {{ b }}", compute="inputs"))
 def eq(a, b):
     return as_array(np.equal(a, b))
 
@@ -402,7 +403,7 @@ def _where_meta(cond, a, b, **_):
 
 
 @prim("where", meta=_where_meta, save=(0,),
-      c_template="ca_select_{{ sfx }}({{ a }}, {{ b }}, {{ c }})")
+      c=Elementwise("ca_select_{{ sfx }}({{ a }}, {{ b }}, {{ c }})", uncast=(0,)))
 def where(cond, a, b):
     return as_array(np.where(cond, a, b))
 
@@ -419,7 +420,8 @@ def _(ctx, g):
 
 
 @prim("astype", meta=lambda x, dtype: (tuple(x.shape), np.dtype(dtype)),
-      c_template='{% if T == "uint8_t" %}{{ a }} != 0{% else %}{{ a }}{% endif %}')
+      c=Elementwise('{% if T == "uint8_t" %}{{ a }} != 0{% else %}{{ a }}{% endif %}',
+                    uncast=(0,)))
 def astype(x, dtype):
     return np.asarray(x).astype(dtype, order="C", copy=True)
 
@@ -430,7 +432,7 @@ def _(ctx, g):
 
 
 @prim("copy", meta=same_meta,
-      c_template="{{ a }}")
+      c=Elementwise("{{ a }}"))
 def copy(x):
     """A fresh C-contiguous copy (clone, contiguous)."""
     return np.array(x, order="C", copy=True)
@@ -447,7 +449,7 @@ def _full_like_meta(x, value, shape=None, dtype=None):
 
 
 @prim("full_like", meta=_full_like_meta, differentiable=False,
-      c_template="{{ value }}")
+      c=Elementwise("{{ value }}", reads_inputs=False))
 def full_like(x, value, shape=None, dtype=None):
     """A new array filled with ``value``; x gives the default shape and dtype."""
     return np.full(x.shape if shape is None else shape, value,
@@ -457,7 +459,7 @@ def full_like(x, value, shape=None, dtype=None):
 @prim("masked_fill", meta=lambda x, mask, value: (
     broadcast_shapes(shape_of(x), shape_of(mask), shape_of(value)), x.dtype),
     save=(1,),
-      c_template="ca_select_{{ sfx }}({{ b }}, {{ c }}, {{ a }})")
+      c=Elementwise("ca_select_{{ sfx }}({{ b }}, {{ c }}, {{ a }})", uncast=(1,)))
 def masked_fill(x, mask, value):
     """``value`` where ``mask``, else ``x`` (in x's dtype). With mask=True it is
     fill_/copy_: the in-place forms get a zero gradient for the overwritten value."""

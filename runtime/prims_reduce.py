@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from runtime.lowering import Reduction, Template
 from runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
@@ -26,8 +27,8 @@ def _expand_back(g, shape, dims, keepdim):
     return ops.expand(g, shape=tuple(shape))
 
 
-@prim("sum", meta=_reduce_meta,
-      c_template="reduce.c.j2")
+@prim("sum", meta=_reduce_meta, index_params=("dims", "keepdim"),
+      c=Reduction("sum", init=("0", "0"), wide=True))
 def sum_(x, dims, keepdim):
     """Sum over ``dims`` (a tuple of non-negative dims; () sums nothing)."""
     return as_array(np.sum(x, axis=dims, keepdims=keepdim))
@@ -38,8 +39,8 @@ def _(ctx, g):
     return (_expand_back(g, ctx.shapes[0], ctx.params["dims"], ctx.params["keepdim"]),)
 
 
-@prim("amax", meta=_reduce_meta, save=(0, "out"),
-      c_template="reduce.c.j2")
+@prim("amax", meta=_reduce_meta, save=(0, "out"), index_params=("dims", "keepdim"),
+      c=Reduction("amax", init=("-INFINITY", "INT64_MIN"), wide=False))
 def amax(x, dims, keepdim):
     return as_array(np.amax(x, axis=dims, keepdims=keepdim))
 
@@ -60,8 +61,8 @@ def _argmax_meta(x, dim, keepdim):
     return _reduced_shape(x.shape, (dim,), keepdim), np.dtype(np.int64)
 
 
-@prim("argmax", meta=_argmax_meta, differentiable=False,
-      c_template="argmax.c.j2")
+@prim("argmax", meta=_argmax_meta, differentiable=False, index_params=("dim", "keepdim"),
+      c=Template("argmax.c.j2", kind="argreduce"))
 def argmax(x, dim, keepdim):
     """Index of the first maximum along ``dim`` (None: of the flattened array)."""
     return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
@@ -82,7 +83,7 @@ def transpose_last(x):
 
 
 @prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)),
-      c_template="matmul.c.j2")
+      c=Template("matmul.c.j2", kind="gemm"))
 def matmul(a, b):
     """Batched matrix product; both operands have at least 2 dims."""
     return as_array(np.matmul(a, b))
@@ -103,8 +104,8 @@ def _same_meta(x, **_):
     return tuple(x.shape), x.dtype
 
 
-@prim("softmax", meta=_same_meta, save=("out",),
-      c_template="softmax.c.j2")
+@prim("softmax", meta=_same_meta, save=("out",), index_params=("dim",),
+      c=Template("softmax.c.j2", kind="row_softmax", log=False))
 def softmax(x, dim):
     if x.size == 0:  # numpy's amax has no identity for an empty reduction
         return np.array(x, order="C", copy=True)
@@ -119,8 +120,8 @@ def _(ctx, g):
     return (ops.mul(out, ops.sub(g, dot)),)
 
 
-@prim("log_softmax", meta=_same_meta, save=("out",),
-      c_template="softmax.c.j2")
+@prim("log_softmax", meta=_same_meta, save=("out",), index_params=("dim",),
+      c=Template("softmax.c.j2", kind="row_softmax", log=True))
 def log_softmax(x, dim):
     if x.size == 0:
         return np.array(x, order="C", copy=True)
@@ -135,8 +136,8 @@ def _(ctx, g):
     return (ops.sub(g, ops.mul(ops.exp(out), total)),)
 
 
-@prim("layer_norm", meta=_same_meta, save=(0,),
-      c_template="layer_norm.c.j2")
+@prim("layer_norm", meta=_same_meta, save=(0,), index_params=("ndim",),
+      c=Template("layer_norm.c.j2", kind="row_normalize"))
 def layer_norm(x, ndim, eps):
     """Normalise over the last ``ndim`` dims (biased variance); the affine part is
     ordinary mul/add ops."""
@@ -174,7 +175,7 @@ def _linear_meta(x, w, b=None):
 
 
 @prim("linear", meta=_linear_meta, save=((0, 1), (1, 0)),
-      c_template="matmul.c.j2")
+      c=Template("matmul.c.j2", kind="gemm_bias"))
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
     gradient comes out in w's own layout (no transposed copy)."""

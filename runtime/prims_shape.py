@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.lowering import Template, View
 from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 
 # ---------------------------------------------------------------- views
 
 
-@prim("reshape", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("reshape", view=True, c=View("reshaped"), meta=lambda x, shape: (tuple(shape), x.dtype))
 def reshape(x, shape):
     """A view when the layout allows one, else a copy (numpy decides)."""
     return np.reshape(x, shape)
@@ -24,7 +25,7 @@ def _(ctx, g):
     return (ops.reshape(g, shape=ctx.shapes[0]),)
 
 
-@prim("permute", view=True,
+@prim("permute", view=True, c=View("permuted"), index_params=("perm",),
       meta=lambda x, perm: (tuple(x.shape[p] for p in perm), x.dtype))
 def permute(x, perm):
     return np.transpose(x, perm)
@@ -35,7 +36,7 @@ def _(ctx, g):
     return (ops.permute(g, perm=tuple(int(i) for i in np.argsort(ctx.params["perm"]))),)
 
 
-@prim("expand", view=True, meta=lambda x, shape: (tuple(shape), x.dtype))
+@prim("expand", view=True, c=View("expanded"), meta=lambda x, shape: (tuple(shape), x.dtype))
 def expand(x, shape):
     """Broadcast to ``shape`` without copying (a read-only stride-0 view)."""
     return np.broadcast_to(x, shape)
@@ -57,7 +58,7 @@ def _slice_meta(x, dim, start, stop, step):
     return tuple(shape), x.dtype
 
 
-@prim("slice", view=True, meta=_slice_meta)
+@prim("slice", view=True, meta=_slice_meta, c=View("sliced"), index_params=("dim",))
 def slice_(x, dim, start, stop, step):
     """``x[..., start:stop:step, ...]`` along ``dim`` (bounds already clipped)."""
     return x[_slice_key(x.ndim, dim, start, stop, step)]
@@ -70,7 +71,7 @@ def _(ctx, g):
 
 @prim("slice_backward",
       meta=lambda g, shape, dim, start, stop, step: (tuple(shape), g.dtype),
-      c_template="slice_backward.c.j2")
+      c=Template("slice_backward.c.j2", kind="slice_scatter"), index_params=("dim",))
 def slice_backward(g, shape, dim, start, stop, step):
     """Zeros of ``shape`` with ``g`` written into the slice: the slice's gradient."""
     out = np.zeros(shape, dtype=g.dtype)
@@ -94,7 +95,7 @@ def _strided_view(flat, shape, strides, offset):
         flat[offset:], shape=shape, strides=tuple(s * item for s in strides))
 
 
-@prim("as_strided", view=True, meta=_as_strided_meta)
+@prim("as_strided", view=True, meta=_as_strided_meta, c=View("strided"))
 def as_strided(x, shape, strides, offset):
     """The view of x's C-order elements with element ``strides`` from ``offset``:
     the geometry of a view relative to its base (what CopySlices records)."""
@@ -109,7 +110,7 @@ def _(ctx, g):
 
 
 @prim("as_strided_scatter", meta=lambda base, src, **_: (tuple(base.shape), base.dtype),
-      c_template="as_strided_scatter.c.j2")
+      c=Template("as_strided_scatter.c.j2", kind="strided_scatter"))
 def as_strided_scatter(base, src, shape, strides, offset):
     """A copy of ``base`` whose ``as_strided(shape, strides, offset)`` view is ``src``."""
     out = np.array(base, order="C", copy=True)
@@ -137,8 +138,8 @@ def _cat_meta(*xs, dim):
     return tuple(shape), np.result_type(*[x.dtype for x in xs])
 
 
-@prim("cat", meta=_cat_meta,
-      c_template="cat.c.j2")
+@prim("cat", meta=_cat_meta, index_params=("dim",),
+      c=Template("cat.c.j2", kind="concat"))
 def cat(*xs, dim):
     return np.concatenate(xs, axis=dim)
 
@@ -164,7 +165,7 @@ def _along_axis_key(idx, dim, shape):
 
 @prim("gather", save=(1,),
       meta=lambda x, idx, dim: (tuple(idx.shape), x.dtype),
-      c_template="gather.c.j2")
+      c=Template("gather.c.j2", kind="gather_scatter", scatter=False), index_params=("dim",))
 def gather(x, idx, dim):
     """``out[i][j] = x[i][idx[i][j]]`` along ``dim`` (torch.gather)."""
     return np.take_along_axis(x, idx, axis=dim)
@@ -178,7 +179,7 @@ def _(ctx, g):
 
 @prim("scatter_add", save=(1,),
       meta=lambda src, idx, dim, shape: (tuple(shape), src.dtype),
-      c_template="gather.c.j2")
+      c=Template("gather.c.j2", kind="gather_scatter", scatter=True), index_params=("dim",))
 def scatter_add(src, idx, dim, shape):
     """Zeros of ``shape`` with ``src`` added at ``idx`` along ``dim`` (duplicates add)."""
     out = np.zeros(shape, dtype=src.dtype)
@@ -215,8 +216,8 @@ def _index_meta(x, *indices, pattern):
     return shape, x.dtype
 
 
-@prim("index", save=("tail",), meta=_index_meta,
-      c_template="index.c.j2")
+@prim("index", save=("tail",), meta=_index_meta, index_params=("pattern",),
+      c=Template("index.c.j2", kind="advanced_index", accumulate=False))
 def index(x, *indices, pattern):
     """numpy/torch advanced indexing with integer or boolean index arrays."""
     return as_array(x[_index_key(indices, pattern)])
@@ -231,7 +232,7 @@ def _(ctx, g):
 
 @prim("index_accumulate", save=("tail",),
       meta=lambda src, *indices, shape, pattern: (tuple(shape), src.dtype),
-      c_template="index.c.j2")
+      c=Template("index.c.j2", kind="advanced_index", accumulate=True), index_params=("pattern",))
 def index_accumulate(src, *indices, shape, pattern):
     """Zeros of ``shape`` with ``src`` added at the indexed places (duplicates add):
     the gradient of ``index``."""

@@ -18,6 +18,7 @@ import pytest
 import compiled_autograd as ca
 from codegen import arena
 from codegen.c import generate
+from codegen.c_ops import EMITTERS, LAYOUTS
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.compiled.interpreter import Interpreter
@@ -78,11 +79,10 @@ def test_every_prim_in_a_backward_has_a_c_template():
     used = {n.target for g in graphs for n in g.graph.nodes
             if n.op == "call_function" and n.target in PRIMS}
     assert {"matmul", "scatter_add", "index_accumulate", "sum"} <= used
-    # every prim used above, and every prim at all, names an expression or a file
+    # every prim used above, and every prim at all, has an expression or a file
     # (a view prim needs none: it becomes strides)
-    missing = {name: p.c_template for name, p in PRIMS.items() if not p.view and (
-               not p.c_template or (p.c_template.endswith(".j2")
-                                       and not (TEMPLATES / p.c_template).is_file()))}
+    missing = {name: p.c for name, p in PRIMS.items() if p.c.kind not in ("view", "elementwise")
+               and not (p.c.template and (TEMPLATES / p.c.template).is_file())}
     assert not (used & set(missing)), f"prims in backwards without a C template: {missing}"
     assert not missing, f"prims whose C template is missing: {missing}"
 
@@ -518,10 +518,20 @@ def test_a_masked_sum_over_a_middle_dim_is_right_at_o3():
         np.testing.assert_allclose(ours, eager, rtol=1e-12, atol=1e-14)
 
 
+def test_c_lowering_is_by_kind_and_rendered_once():
+    """The C backend dispatches on the lowering records' kinds, never on prim
+    names, and never rewrites C it has emitted (no regular expressions)."""
+    assert not set(EMITTERS) & set(PRIMS) and not set(LAYOUTS) & set(PRIMS)
+    for name in ("c.py", "c_ops.py", "c_memory.py", "c_text.py"):
+        text = (ROOT / "codegen" / name).read_text()
+        assert "import re\n" not in text, name
+        assert not [p for p in PRIMS if f'target == "{p}"' in text or f'"{p}":' in text], name
+
+
 def test_selects_evaluate_their_operands_unconditionally():
     # The guard of the test above on compilers that happen to get it right.
     for name in ("where", "masked_fill"):
-        assert PRIMS[name].c_template.startswith("ca_select_{{ sfx }}("), name
+        assert PRIMS[name].c.expr.startswith("ca_select_{{ sfx }}("), name
     assert "ca_select_f(" in (TEMPLATES / "math.h.j2").read_text()
 
 

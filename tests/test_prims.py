@@ -1,13 +1,23 @@
 """The prim table: complete entries, and shape rules that agree with the kernels."""
+import inspect
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
+from codegen.c_ops import EMITTERS, LAYOUTS
+from codegen.c_run import compile_graph
 from compiled_autograd.autograd.node import NODE_CLASSES, PrimBackward
+from helpers import needs_cc
 from op_cases import CASES, make_inputs
-from runtime.prims import PRIMS
+from runtime.lowering import Elementwise, Lowering
+from runtime.prims import PRIMS, elementwise_meta, ops, prim, same_meta
 
-FIELDS = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable", "c_template")
+TEMPLATES = Path(__file__).resolve().parent.parent / "codegen" / "templates" / "c"
+
+FIELDS = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable", "c",
+          "index_params")
 
 
 @pytest.mark.parametrize("name", sorted(PRIMS))
@@ -22,6 +32,57 @@ def test_every_prim_has_every_field(name):
     else:
         assert p.vjp is None and p.save == ()
     assert p.kernel.__doc__ or p.name, "kernels are documented where not obvious"
+    # its C lowering: a record of a kind the C backend emits, a view exactly
+    # when the prim is one, naming a template that exists
+    assert isinstance(p.c, Lowering), f"prim {name} declares no C lowering (c=)"
+    assert p.c.kind in EMITTERS, f"prim {name}: no C emitter for kind {p.c.kind!r}"
+    assert (p.c.kind == "view") == p.view, name
+    if p.view:
+        assert p.c.options["layout"] in LAYOUTS, (name, p.c)
+    templates = [p.c.template, p.c.options.get("rows_template")]
+    for t in filter(None, templates):
+        assert (TEMPLATES / t).is_file(), f"prim {name}: no template {t}"
+    kernel_params = inspect.signature(p.kernel).parameters
+    assert set(p.index_params) <= set(kernel_params), (name, p.index_params)
+
+
+def test_a_prim_without_a_lowering_is_refused():
+    with pytest.raises(TypeError, match="'c'"):
+        prim("no_lowering", meta=same_meta)(lambda x: x)
+    assert "no_lowering" not in PRIMS
+
+
+@needs_cc
+@pytest.mark.usefixtures("fresh_compiled_cache")
+def test_a_new_elementwise_prim_lowers_from_its_entry_alone():
+    """One block in the table is all a new elementwise prim needs: the C backend
+    emits it from its record, with no change in codegen/. (The backward's mul
+    node is retargeted to the new prim before the C backend compiles it.)"""
+    @prim("mul_add_one", meta=elementwise_meta, differentiable=False,
+          c=Elementwise("{{ a }} * {{ b }} + 1"))
+    def mul_add_one(a, b):
+        return np.asarray(a * b + 1)
+
+    sources = []
+
+    def backend(graph):
+        for n in graph.nodes:
+            if n.target == "mul":
+                n.target = "mul_add_one"
+        graph.lint()
+        compiled = compile_graph(graph)
+        sources.append(compiled.prog.source)
+        return compiled
+    try:
+        x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = ca.tensor([0.5, -1.0, 4.0])
+        with ca.compiled_backward(backend=backend):
+            (x * y).sum().backward()
+    finally:
+        del PRIMS["mul_add_one"]
+        delattr(ops, "mul_add_one")
+    assert "+ 1)" in sources[0]
+    np.testing.assert_allclose(x.grad.numpy(), y.numpy() + 1)
 
 
 def test_prim_set_is_small():

@@ -21,6 +21,7 @@ import numpy as np
 
 from compiled_autograd.autograd.node import SavedVariable, accumulate_into
 from compiled_autograd.compiled import native_walk
+from runtime.prims import index_param_names
 
 
 class CompiledNodeArgs:
@@ -201,8 +202,9 @@ def _params_split(params):
     return split
 
 
-# Params that index dims: part of the key by value, never symbolic sizes.
-_INDEX_PARAMS = frozenset({"dim", "dims", "perm", "pattern", "ndim", "keepdim"})
+# Params that index dims: part of the key by value, never symbolic sizes (each
+# prim's table entry names its own: ``index_params``).
+_INDEX_PARAMS = index_param_names()
 
 
 def _split_params(params):

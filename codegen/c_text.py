@@ -1,0 +1,52 @@
+"""The C backend's text pieces shared by the emitter (``codegen.c``), the
+per-kind lowerings (``codegen.c_ops``) and the memory passes (``codegen.c_memory``):
+the templates under ``templates/c/``, the statement record, and how a Python
+constant reads in C."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jinja2
+
+from codegen.c_layout import c_expr
+from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
+
+ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
+                         autoescape=False, keep_trailing_newline=True,
+                         undefined=jinja2.StrictUndefined, trim_blocks=True,
+                         lstrip_blocks=True)
+
+
+class Stmt(NamedTuple):
+    """One C statement of the function, rendered once: at graph step ``step``
+    (a callback's release at step + 0.5), under the comment ``source``, with the
+    storages its ``text`` names (``uses``) and those whose pointer it sets
+    (``sets``): the function's and each part's declarations come from these."""
+    step: float
+    source: str
+    text: str
+    uses: frozenset
+    sets: frozenset
+
+
+def render(name, **data) -> str:
+    """The template file ``name`` under ``templates/c/`` filled with ``data``."""
+    return ENV.get_template(name).render(**data)
+
+
+def literal(value, ct) -> str:
+    """A Python scalar, or a symbolic one, as C of type ``ct``."""
+    if isinstance(value, (SymFloat, SymInt)):
+        return f"(({ct}){c_expr(expr_of(value))})"
+    if isinstance(value, bool):
+        return f"(({ct}){int(value)})"
+    if isinstance(value, int):
+        return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"(({ct})NAN)"
+        if math.isinf(value):
+            return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
+        return f"(({ct}){value!r})"
+    raise NotImplementedError(f"C backend: constant {value!r}")
