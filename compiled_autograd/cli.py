@@ -14,6 +14,13 @@ import time
 
 import numpy as np
 
+import compiled_autograd as ca
+from compiled_autograd import demo
+from compiled_autograd.autograd.node import AccumulateGrad
+from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.examples import build
+from compiled_autograd.memory.report import write_report
+
 
 class UsageError(Exception):
     """A one-line message for the user; exit code 2."""
@@ -30,7 +37,6 @@ class Model:
         self.description = description
 
     def loss(self):
-        from compiled_autograd.autograd.tensor import Tensor
         try:
             loss = self.make_loss()
         except UsageError:
@@ -47,7 +53,6 @@ class Model:
 
 
 def _example(args):
-    from compiled_autograd.examples import build
     sizes = {}
     if args.example == "mlp":
         names = ("layers", "width", "batch")
@@ -109,7 +114,6 @@ def load_model(args):
 
 def _leaves(loss):
     """The leaf tensors the backward of ``loss`` accumulates into."""
-    from compiled_autograd.autograd.node import AccumulateGrad
     seen, stack, leaves = set(), [loss.grad_fn], []
     while stack:
         fn = stack.pop()
@@ -126,7 +130,6 @@ def _leaves(loss):
 
 
 def cmd_trace(args, out):
-    import compiled_autograd as ca
     model = load_model(args)
     g = ca.trace_backward(model.loss(), unpack=args.unpack)
     if args.format == "table":
@@ -156,7 +159,6 @@ def _same_model(first, second):
 
 
 def cmd_run(args, out):
-    import compiled_autograd as ca
     model = load_model(args)
     loss = model.loss()
     _same_model(loss, model.loss())
@@ -208,7 +210,6 @@ def _mb(nbytes):
 
 
 def cmd_memory(args, out):
-    import compiled_autograd as ca
     model = load_model(args)
     if args.report:
         if os.path.splitext(args.report)[1] not in (".html", ".txt", ".json"):
@@ -260,7 +261,6 @@ def cmd_memory(args, out):
         out(f"{len(events)} recompute/reload events; first at step {events[0].index} "
             f"({events[0].node}, {events[0].event}, {events[0].allocated:,} bytes)")
     if args.report:
-        from compiled_autograd.memory.report import write_report
         planned = [(s.node, s.peak_bytes) for s in plan.steps]
         write_report(prof.timeline, args.report, title=f"Backward memory: {model.description}",
                      peak_bytes=prof.peak_bytes, planned=planned, summary_rows=[
@@ -272,7 +272,6 @@ def cmd_memory(args, out):
 
 
 def cmd_demo(args, out):
-    from compiled_autograd import demo
     if args.steps < 0 or args.checks < 1:
         raise UsageError("--steps must be >= 0 and --checks >= 1")
     worst = demo.run(steps=args.steps, checks=args.checks, out=out)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import numpy as np
 
 from compiled_autograd.autograd import dispatch, engine, hooks
 from compiled_autograd.autograd.node import gradient_edge, node_class

@@ -229,7 +229,8 @@ def _div_(self, other):
 
 
 def _fill_(self, value):
-    return apply_inplace(PRIMS["masked_fill"], (self, True, _scalar(_as_tensor(value, self._make))), {})
+    value = _scalar(_as_tensor(value, self._make))
+    return apply_inplace(PRIMS["masked_fill"], (self, True, value), {})
 
 
 def _copy_(self, src):

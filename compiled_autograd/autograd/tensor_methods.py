@@ -11,7 +11,6 @@ from collections import namedtuple
 
 import numpy as np
 
-from compiled_autograd.autograd.dispatch import apply_inplace
 from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime.prims import PRIMS, norm_dim, ops
 

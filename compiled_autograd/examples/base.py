@@ -6,6 +6,11 @@ from typing import Callable
 
 import numpy as np
 
+from compiled_autograd.autograd.graph import save_on_disk
+from compiled_autograd.utils.checkpoint import checkpoint as ckpt
+from compiled_autograd.utils.checkpoint import (checkpoint_sequential,
+                                                create_selective_checkpoint_contexts)
+
 
 @dataclass
 class Example:
@@ -19,7 +24,6 @@ class Example:
     def loss(self):
         """Run the forward pass; returns the scalar loss."""
         if self.offload:
-            from compiled_autograd.autograd.graph import save_on_disk
             with save_on_disk():
                 return self.forward(self.model, **self.inputs)
         return self.forward(self.model, **self.inputs)
@@ -41,8 +45,6 @@ def run_blocks(blocks, x, checkpoint="none"):
     """Run ``blocks`` in sequence, checkpointed as ``checkpoint`` says: "layer" (one
     checkpoint per block), "sqrt" (checkpoint_sequential with sqrt(n) segments),
     "selective" (per block, keeping linear/matmul outputs instead of recomputing them)."""
-    from compiled_autograd.utils.checkpoint import (checkpoint as ckpt, checkpoint_sequential,
-                                                    create_selective_checkpoint_contexts)
     if checkpoint == "none":
         for block in blocks:
             x = block(x)

@@ -201,8 +201,8 @@ def _env():
     global _ENV
     if _ENV is None:
         import jinja2
-        _ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd.memory", "templates"),
-                                  autoescape=True, undefined=jinja2.StrictUndefined,
+        loader = jinja2.PackageLoader("compiled_autograd.memory", "templates")
+        _ENV = jinja2.Environment(loader=loader, autoescape=True, undefined=jinja2.StrictUndefined,
                                   trim_blocks=True, lstrip_blocks=True)
     return _ENV
 
