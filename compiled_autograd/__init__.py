@@ -6,6 +6,7 @@ The API mirrors torch: ``ca.tensor(..., requires_grad=True)``, ops on Tensors,
 import numpy as _np
 
 import runtime as _runtime  # noqa: F401  (fills the prim table)
+from compiled_autograd.autograd import tensor_methods as _tensor_methods
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.factory import (arange, cat, from_numpy, full, maximum, minimum,
                                                 ones, ones_like, rand, randint, randn, stack,
@@ -32,11 +33,13 @@ def _method(name):
     return fn
 
 
-for _name in ("exp", "log", "sqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu", "neg",
-              "sum", "mean", "var", "std", "amax", "amin", "max", "min", "argmax", "softmax",
+# ca.<op>(x, ...) for the composite ops, and for every prim the table offers as a
+# method (``method=`` in its block: ca.exp, ca.tanh, ...).
+_FUNCTIONS = ("sum", "mean", "var", "std", "amax", "amin", "max", "min", "argmax", "softmax",
               "log_softmax", "matmul", "reshape", "transpose", "permute", "flatten",
               "squeeze", "unsqueeze", "clamp", "pow", "split", "chunk", "narrow", "select",
-              "clone", "t", "erf", "masked_fill"):
+              "clone", "t", "masked_fill") + tuple(_tensor_methods.TABLE_METHODS)
+for _name in _FUNCTIONS:
     globals()[_name] = _method(_name)
 del _name
 
@@ -44,6 +47,7 @@ __all__ = [
     "Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like",
     "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed",
-    "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils", "compiled_backward", "trace_backward",
-    "compiled_autograd_stats", "reset_compiled_autograd", "register_backend",
+    "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils", "compiled_backward",
+    "trace_backward", "compiled_autograd_stats", "reset_compiled_autograd", "register_backend",
+    *_FUNCTIONS,
 ]

@@ -54,9 +54,10 @@ class Prim:
     """One primitive op. Calling it dispatches (see the module docstring)."""
 
     __slots__ = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable",
-                 "c", "index_params", "doc")
+                 "c", "index_params", "method", "doc")
 
-    def __init__(self, name, kernel, meta, save, view, differentiable, c, index_params):
+    def __init__(self, name, kernel, meta, save, view, differentiable, c, index_params,
+                 method=None):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -66,6 +67,10 @@ class Prim:
         self.differentiable = differentiable
         self.c = c
         self.index_params = tuple(index_params)
+        if method not in (None, "plain", "float"):
+            raise ValueError(f"prim {name}: method must be None, 'plain' or 'float', "
+                             f"got {method!r}")
+        self.method = method
         self.doc = kernel.__doc__
 
     def __call__(self, *args, **params):
@@ -106,14 +111,16 @@ ops = Ops()
 
 
 def prim(name, *, meta, c, save: SaveSpec = (), view=False, differentiable=True,
-         index_params=()):
+         index_params=(), method=None):
     """Decorator that turns a numpy kernel into a registered prim. ``c`` (its C
     lowering, a ``runtime.lowering`` record) has no default: a prim without one
-    fails here, not when the C backend first meets it."""
+    fails here, not when the C backend first meets it. ``method``: the prim is also
+    ``x.<name>()`` and ``ca.<name>(x)`` -- "plain", or "float" (an integer input is
+    promoted to the default float first, as torch's exp)."""
     def register(kernel):
         if name in PRIMS:
             raise RuntimeError(f"prim {name} registered twice")
-        p = Prim(name, kernel, meta, save, view, differentiable, c, index_params)
+        p = Prim(name, kernel, meta, save, view, differentiable, c, index_params, method)
         PRIMS[name] = p
         setattr(ops, name, p)
         return p

@@ -17,7 +17,7 @@ from runtime.special import erf as _erf
 # ---------------------------------------------------------------- unary
 
 
-@prim("neg", meta=same_meta,
+@prim("neg", method="plain", meta=same_meta,
       c=Elementwise("-{{ a }}"))
 def neg(x):
     return as_array(np.negative(x))
@@ -28,7 +28,7 @@ def _(ctx, g):
     return (ops.neg(g),)
 
 
-@prim("exp", meta=same_meta, save=("out",),
+@prim("exp", method="float", meta=same_meta, save=("out",),
       c=Elementwise("ca_exp_{{ sfx }}({{ a }})"))
 def exp(x):
     return as_array(np.exp(x))
@@ -40,7 +40,7 @@ def _(ctx, g):
     return (ops.mul(g, out),)
 
 
-@prim("log", meta=same_meta, save=(0,),
+@prim("log", method="float", meta=same_meta, save=(0,),
       c=Elementwise("log({{ a }})"))
 def log(x):
     return as_array(np.log(x))
@@ -52,7 +52,20 @@ def _(ctx, g):
     return (ops.div(g, x),)
 
 
-@prim("sqrt", meta=same_meta, save=("out",),
+@prim("log1p", method="float", meta=same_meta, save=(0,),
+      c=Elementwise("log1p({{ a }})"))
+def log1p(x):
+    """log(1 + x), accurate where x is small."""
+    return as_array(np.log1p(x))
+
+
+@log1p.defvjp
+def _(ctx, g):
+    (x,) = ctx.saved
+    return (ops.div(g, ops.add(x, 1.0)),)
+
+
+@prim("sqrt", method="float", meta=same_meta, save=("out",),
       c=Elementwise("sqrt({{ a }})"))
 def sqrt(x, zero_grad_at_zero=False):
     """``zero_grad_at_zero``: the gradient is 0 where the result is 0 (torch's
@@ -69,7 +82,7 @@ def _(ctx, g):
     return (ops.where(zero, 0.0, ops.div(ops.mul(g, 0.5), ops.where(zero, 1.0, out))),)
 
 
-@prim("abs", meta=same_meta, save=(0,),
+@prim("abs", method="plain", meta=same_meta, save=(0,),
       c=Elementwise("fabs({{ a }})"))
 def abs_(x):
     return as_array(np.abs(x))
@@ -81,7 +94,7 @@ def _(ctx, g):
     return (ops.mul(g, ops.sign(x)),)
 
 
-@prim("sign", meta=same_meta,
+@prim("sign", method="plain", meta=same_meta,
       c=Elementwise("ca_sign_{{ sfx }}({{ a }})"))
 def sign(x):
     return as_array(np.sign(x))
@@ -93,7 +106,7 @@ def _(ctx, g):
     return (ops.full_like(g, value=0.0),)
 
 
-@prim("sin", meta=same_meta, save=(0,),
+@prim("sin", method="float", meta=same_meta, save=(0,),
       c=Elementwise("sin({{ a }})"))
 def sin(x):
     return as_array(np.sin(x))
@@ -105,7 +118,7 @@ def _(ctx, g):
     return (ops.mul(g, ops.cos(x)),)
 
 
-@prim("cos", meta=same_meta, save=(0,),
+@prim("cos", method="float", meta=same_meta, save=(0,),
       c=Elementwise("cos({{ a }})"))
 def cos(x):
     return as_array(np.cos(x))
@@ -117,7 +130,7 @@ def _(ctx, g):
     return (ops.neg(ops.mul(g, ops.sin(x))),)
 
 
-@prim("tanh", meta=same_meta, save=("out",),
+@prim("tanh", method="float", meta=same_meta, save=("out",),
       c=Elementwise("tanh({{ a }})"))
 def tanh(x):
     return as_array(np.tanh(x))
@@ -129,7 +142,7 @@ def _(ctx, g):
     return (ops.mul(g, ops.sub(1.0, ops.mul(out, out))),)
 
 
-@prim("sigmoid", meta=same_meta, save=("out",),
+@prim("sigmoid", method="float", meta=same_meta, save=("out",),
       c=Elementwise("ca_sigmoid_{{ sfx }}({{ a }})"))
 def sigmoid(x):
     # Split by sign so exp never overflows.
@@ -144,7 +157,7 @@ def _(ctx, g):
     return (ops.mul(ops.mul(g, out), ops.sub(1.0, out)),)
 
 
-@prim("erf", meta=same_meta, save=(0,),
+@prim("erf", method="float", meta=same_meta, save=(0,),
       c=Elementwise("ca_erf_{{ sfx }}({{ a }})"))
 def erf(x):
     return _erf(np.asarray(x))
@@ -156,7 +169,7 @@ def _(ctx, g):
     return (ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
 
 
-@prim("relu", meta=same_meta, save=("out",),
+@prim("relu", method="plain", meta=same_meta, save=("out",),
       c=Elementwise("ca_maximum_{{ sfx }}({{ a }}, 0)"))
 def relu(x):
     return as_array(np.maximum(x, 0))

@@ -94,6 +94,7 @@ CASES = [
     ("neg", lambda m, x: -x, [(2, 3)]),
     ("exp", lambda m, x: x.exp(), [(2, 3)]),
     ("log", lambda m, x: x.log(), [("pos", (2, 3))]),
+    ("log1p", lambda m, x: x.log1p(), [("pos", (2, 3))]),
     ("sqrt", lambda m, x: x.sqrt(), [("pos", (5,))]),
     ("abs", lambda m, x: x.abs(), [("away", (2, 3))]),
     ("sin", lambda m, x: x.sin(), [(3, 1)]),

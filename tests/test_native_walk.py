@@ -14,7 +14,7 @@ from compiled_autograd.compiled import api as compiled
 from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
 from compiled_autograd.compiled import native_walk
-from compiled_autograd.compiled import tracer
+from compiled_autograd.compiled import compiled_args
 from compiled_autograd.examples import build
 from helpers import needs_cc
 from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
@@ -167,7 +167,7 @@ def test_more_shared_tuples_than_the_table_keeps():
 def _prepare_plain(roots, native=False):
     discover = native_walk.module().discover if native else None
     task = engine.make_task(roots, keep_graph=True, create_graph=False, discover=discover)
-    collected = tracer.collect(task, roots, record=False)
+    collected = compiled_args.collect(task, roots, record=False)
     return task, collected, collected.freeze()
 
 

@@ -450,7 +450,7 @@ def minimum(input, other, make=None):
 def _prim_method(p):
     """``x.<prim>()`` for an elementwise prim whose table entry sets ``method``:
     "float" promotes integer inputs to the default float first (as torch's exp)."""
-    if _METHOD[p.name] == "float":
+    if p.method == "float":
         def op(self):
             return p(_float(self))
     else:
@@ -462,10 +462,7 @@ def _prim_method(p):
 
 
 # The Tensor methods the prim table declares (``method=`` in a prim's block).
-_METHOD = {"exp": "float", "log": "float", "sqrt": "float", "sin": "float", "cos": "float",
-           "tanh": "float", "sigmoid": "float", "erf": "float", "relu": "plain",
-           "sign": "plain", "neg": "plain", "abs": "plain"}
-TABLE_METHODS = {p.name: _prim_method(p) for p in PRIMS.values() if p.name in _METHOD}
+TABLE_METHODS = {p.name: _prim_method(p) for p in PRIMS.values() if p.method}
 
 
 class TensorMethods(type("PrimMethods", (), dict(TABLE_METHODS, __slots__=()))):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import native_walk, tracer
+from compiled_autograd.compiled import compiled_args, native_walk, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
                                               log_event, log_flags, miss_reason, static_check,
@@ -122,7 +122,7 @@ def _prepare(roots, input_edges, accumulate, record=True):
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
                             input_edges=input_edges, accumulate=accumulate,
                             discover=walk.discover if walk is not None else None)
-    collected = tracer.collect(task, roots, record)
+    collected = compiled_args.collect(task, roots, record)
     return task, collected, collected.freeze()
 
 
@@ -178,7 +178,7 @@ def lookup(roots, input_edges, accumulate, options):
     entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:
         # The tracer needs to know where each value sits: collect again, recording.
-        collected = tracer.collect(task, roots, record=True)
+        collected = compiled_args.collect(task, roots, record=True)
         entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
     else:
         stats["cache_hits"] += 1

@@ -5,7 +5,7 @@ graph task's discovery (ranks and edges) and the collection of compiled args (th
 key and the runtime values). At about 2 us per node that was most of a hit on a
 small graph. ``native_walk.c`` (with its tables, ``native_walk_tables.c``) does the
 same two walks in C: ``discover`` is
-``GraphTask._discover`` line for line, and ``collect_nodes`` is ``tracer.collect``'s
+``GraphTask._discover`` line for line, and ``collect_nodes`` is ``compiled_args.collect``'s
 node loop (``record=False``) for the common nodes only -- a prim's backward node
 or an AccumulateGrad with no hooks, whose saved variables are plain arrays.
 Everything else (hooks, custom Functions, checkpoint and offload saved values,

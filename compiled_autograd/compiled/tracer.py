@@ -1,9 +1,7 @@
 """The tracer: records a whole backward as one graph.
 
-1. ``collect``: walk the autograd graph in the eager engine's order (``engine.walk``)
-   and let every node write its ``compiled_args``, plus its hooks and edges, into a
-   ``CompiledNodeArgs``: the cache key and the runtime values.
-2. ``trace`` (on a cache miss): walk again, now with ``Proxy`` gradients: each node's
+On a cache miss (after ``compiled_args.collect`` gave the key and the runtime
+values), ``trace`` walks the autograd graph with ``Proxy`` gradients: each node's
    ``apply_with_saved`` runs its ordinary derivative formula, whose prim calls land
    in the graph; saved values come from ``getitem(inputs, i)`` or, under
    saved-tensor hooks, from a ``call_hook(unpack_hook)`` node; hooks and gradient
@@ -16,15 +14,11 @@ import contextlib
 import numpy as np
 
 from compiled_autograd.autograd import engine
-from compiled_autograd.autograd import hooks as _hooks
-from compiled_autograd.compiled import native_walk
-from compiled_autograd.compiled.compiled_args import (_INDEX_PARAMS, _NO_PARAMS, _PARAM_SPLITS,
-                                             CompiledNodeArgs, SwapSavedVariables,
-                                             _params_split)
+from compiled_autograd.compiled.compiled_args import (INDEX_PARAMS, CompiledNodeArgs,
+                                                      SwapSavedVariables, node_hooks)
 from compiled_autograd.ir import graph as ir
 from compiled_autograd.ir.graph import BOXED, Graph
-from compiled_autograd.autograd.node import (NODE_CLASSES, AccumulateGrad, PrimBackward,
-                                             SavedVariable)
+from compiled_autograd.autograd.node import AccumulateGrad
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.autograd.tensor import Tensor
 
@@ -150,7 +144,7 @@ class Tracer:
             if isinstance(v, tuple):
                 return tuple(rebuild(x) for x in v)
             return v
-        return {k: v if k in _INDEX_PARAMS else rebuild(v) for k, v in sorted(params.items())}
+        return {k: v if k in INDEX_PARAMS else rebuild(v) for k, v in sorted(params.items())}
 
     def getitem(self, box, index, shape=None, dtype=None, name=None, kind=None):
         meta = self._meta(shape, dtype)
@@ -292,122 +286,7 @@ class TraceSwap(SwapSavedVariables):
         self.tracer.call_hook("accumulate_grad", (leaf.node, grad.node), name="accumulate_grad")
 
 
-# -------------------------------------------------------------- hooks of a node
-
-def node_hooks(fn):
-    """(kind, input_nr, callable) of every hook around ``fn``, in eager's order:
-    tensor pre-hooks and retain_grad, node pre-hooks, post-accumulate-grad hooks,
-    node post-hooks."""
-    d = fn.__dict__
-    out = []
-    variable = _hooks.leaf_of(fn)
-    per_output = dict(d.get("_tensor_pre_hooks") or {})
-    if variable is not None and variable._backward_hooks:
-        per_output = {0: variable._backward_hooks}
-    for nr, hooks in per_output.items():
-        out += [("tensor_pre_hook", nr, h) for h in hooks.values()]
-    retainers = d.setdefault("_retainer_fns", {}) if d.get("_retains_grad") else {}
-    for nr, refs in (d.get("_retains_grad") or {}).items():
-        for key, ref in refs.items():
-            # One closure per retained tensor, so both walks see the same callable.
-            fn_ = retainers.get((nr, key, id(ref)))
-            if fn_ is None:
-                fn_ = retainers[(nr, key, id(ref))] = _retainer(ref)
-            out.append(("tensor_pre_hook", nr, fn_))
-    out += [("pre_hook", None, h) for h in (d.get("_pre_hooks") or {}).values()]
-    if variable is not None and variable._post_accumulate_grad_hooks:
-        out += [("post_acc_grad_hook", None, h)
-                for h in variable._post_accumulate_grad_hooks.values()]
-    out += [("post_hook", None, h) for h in (d.get("_post_hooks") or {}).values()]
-    return out
-
-
-def _retainer(ref):
-    """retain_grad as a tensor hook that stores the gradient and changes nothing."""
-    def retain_grad(grad):
-        t = ref()
-        if t is not None:
-            _hooks.retain(t, grad._data)
-    return retain_grad
-
-
-# -------------------------------------------------------------- the two walks
-
-def collect(task, roots, record=True):
-    """The key and runtime values of this backward. Nodes are visited in the graph
-    task's discovery order (a deterministic walk of the structure) and named by
-    their rank in it; runtime values are found again by identity, so the trace may
-    visit in eager's order. ``record=False`` (a cache hit) skips noting where each
-    value sits, which only the tracer needs."""
-    args = CompiledNodeArgs(record)
-    index = task.index
-    args.collect(("roots", tuple((index[fn], nr, np.asarray(g).dtype)
-                                 for (fn, nr), g in roots)))
-    for i, (_, g) in enumerate(roots):
-        args.collect_sizes((np.shape(g),), owner=("root", i))
-    captures = task.captures
-    if captures:
-        # An input the roots do not reach (allow_unused) is captured by no node:
-        # its gradient is None. Only its position is part of the key.
-        args.collect(("captures", tuple(sorted((index[fn], nr, tuple(idx))
-                                               for (fn, nr), idx in captures.items()
-                                               if fn in index)),
-                      tuple(sorted(i for (fn, _), idx in captures.items()
-                                   if fn not in index for i in idx))))
-    exec_info = task.exec_info
-    walk = native_walk.module() if not record and exec_info is None else None
-    if walk is not None:
-        # The same loop in C for the plain nodes; it calls _collect_node for the rest.
-        walk.collect_nodes(task.nodes, task.edges, args,
-                           (args.key, args.saved, args.inputs, args.sizes, args.scalars),
-                           _plain_node_kinds(), SavedVariable, _PARAM_SPLITS, _params_split,
-                           _NO_PARAMS, _collect_node)
-        return args
-    captured_fns = {fn for fn, _ in captures}
-    for fn, edges in zip(task.nodes, task.edges):
-        runs = True
-        if exec_info is not None:
-            # Not every node runs: the key says which (by rank) and whether.
-            runs = exec_info.get(fn, False)
-            if not runs and fn not in captured_fns:
-                continue
-            args.key.append(("node", index[fn], runs))
-        _collect_node(args, fn, edges, runs)
-    return args
-
-
-def _collect_node(args, fn, edges, runs=True):
-    """One node's hooks, compiled args and edges."""
-    args.node = fn
-    if _hooks.has_hooks(fn):
-        for kind, nr, h in node_hooks(fn):
-            if runs or kind == "tensor_pre_hook":
-                args.collect_hook(kind, nr, h)
-    if runs:
-        fn.compiled_args(args)
-        if engine.needs_validation(fn):
-            # What user code must return: symbolic where dynamic, as the sizes
-            # the returned gradients are checked against (tracer.visit).
-            args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
-        if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
-            args.release_nodes.append(fn)
-        args.key.append(("edges", tuple(edges)))
-
-
-_kinds: dict = {}
-
-
-def _plain_node_kinds() -> dict:
-    """{node type: 1 (a prim's backward), 2 (AccumulateGrad) or 0 (Python
-    collects it)}: whose compiled args native_walk may collect itself. Every node
-    class is listed, so a new one (NODE_CLASSES grows lazily) rebuilds it once."""
-    if len(_kinds) != len(NODE_CLASSES) + 1:
-        _kinds.clear()
-        _kinds.update({cls: 1 if cls.compiled_args is PrimBackward.compiled_args else 0
-                       for cls in NODE_CLASSES.values()})
-        _kinds[AccumulateGrad] = 2
-    return _kinds
-
+# -------------------------------------------------------------- the walk
 
 def trace(task, roots, collected, captured_count, dynamic=frozenset()):
     """The graph of this backward (roots' gradients are ``inputs[0..n)``); sizes at
