@@ -1,5 +1,6 @@
 """The eager engine's semantics, as torch.autograd's."""
 import numpy as np
+import pytest
 
 import compiled_autograd as ca
 from helpers import assert_close, needs_torch, torch
@@ -134,3 +135,14 @@ def test_graph_freed_with_no_references():
     del out
     gc.collect()
     assert node() is None
+
+
+def test_backward_and_grad_of_no_outputs():
+    """As torch: backward of no tensors does nothing; grad of no outputs finds no
+    path to an input."""
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    assert ca.autograd.backward([]) is None
+    assert x.grad is None
+    assert ca.autograd.grad([], []) == ()
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        ca.autograd.grad([], [x])

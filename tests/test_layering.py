@@ -6,7 +6,10 @@ Every import of a project module counts, at the top of a file or inside a functi
 - no import from a lower layer into a higher one (``LAYERS``, lowest first);
 - at most ``MAX_LOCAL_IMPORTS`` imports of project modules inside functions, each
   with a comment saying why (on its line or the line above);
-- no module longer than ``MAX_LINES`` lines.
+- no module longer than ``MAX_LINES`` lines;
+- no import by name at run time (``importlib.import_module``, ``__import__``,
+  ``sys.modules``), which would hide an import from the checks above, except where
+  ``RUNTIME_IMPORTS`` says why.
 """
 from __future__ import annotations
 
@@ -37,6 +40,11 @@ LAYERS = (
 )
 MAX_LOCAL_IMPORTS = 5
 MAX_LINES = 600
+# Modules that may import by name at run time, and why.
+RUNTIME_IMPORTS = {
+    "compiled_autograd.compiled.backends": "resolves a backend's 'module:function' path, so "
+                                           "the front end reaches codegen only by name",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -148,6 +156,27 @@ def test_no_module_over_max_lines():
     assert long == {}
 
 
+def _runtime_imports(module, tree):
+    found = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+        elif isinstance(node, ast.Attribute) and node.attr == "modules" and \
+                getattr(node.value, "id", None) == "sys":
+            name = "sys.modules"
+        if name in ("import_module", "__import__", "sys.modules"):
+            found.append(f"{module}:{node.lineno} {name}")
+    return found
+
+
+def test_no_import_by_name_at_run_time():
+    found = [f for m, p in MODULES.items() if m not in RUNTIME_IMPORTS
+             for f in _runtime_imports(m, ast.parse(p.read_text()))]
+    assert found == []
+
+
 def test_the_guard_sees_an_upward_import_and_a_cycle():
     """The checks above are not vacuous: an engine that imported the compiled path
     (as it once did) is both an upward import and a cycle."""
@@ -157,3 +186,34 @@ def test_the_guard_sees_an_upward_import_and_a_cycle():
                for s in upward_imports(imports))
     assert any("compiled_autograd.autograd.engine" in c
                for c in cycles(import_graph(imports)))
+    hidden = ast.parse("import importlib\nimportlib.import_module('compiled_autograd')\n"
+                       "__import__('codegen')\nimport sys\nsys.modules['codegen']\n")
+    assert len(_runtime_imports("compiled_autograd.autograd.engine", hidden)) == 3
+
+
+def layer_edges(imports=None) -> dict:
+    """{layer: {imported layer: number of (module, imported module) pairs}}, between
+    different layers."""
+    out = {layer: {} for layer in LAYERS}
+    for m, t in {(m, t) for m, t, *_ in (imports if imports is not None else _imports())}:
+        a, b = LAYERS[layer_of(m)], LAYERS[layer_of(t)]
+        if a != b:
+            out[a][b] = out[a].get(b, 0) + 1
+    return out
+
+
+if __name__ == "__main__":
+    # python tests/test_layering.py: the layers, lowest first, and what each imports.
+    imports = _imports()
+    sizes = {layer: 0 for layer in LAYERS}
+    for m in MODULES:
+        sizes[LAYERS[layer_of(m)]] += 1
+    print("layer (lowest first)         modules  imports from (module pairs)")
+    for layer, uses in layer_edges(imports).items():
+        used = ", ".join(f"{LAYERS[i]} ({uses[LAYERS[i]]})" for i in range(len(LAYERS))
+                         if LAYERS[i] in uses)
+        print(f"{layer.replace('compiled_autograd', 'ca'):<28} {sizes[layer]:>7}  "
+              f"{used.replace('compiled_autograd', 'ca') or '-'}")
+    print(f"cycles: {len(cycles(import_graph(imports)))}, upward imports: "
+          f"{len(upward_imports(imports))}, imports inside functions: "
+          f"{sum(1 for *_, inside, _ in imports if inside)}")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
+from compiled_autograd.autograd import engine
 from compiled_autograd.examples import build
 from helpers import BACKENDS
 
@@ -63,3 +64,33 @@ def test_threads_each_get_their_own_gradients(backend, switch_often):
     for t in threads:
         t.join()
     assert not failures, failures
+
+
+def test_one_compiled_backward_shared_by_two_threads():
+    """Leaving a compiled_backward on one thread ends it for that thread only (the
+    engine's compiler stack is per thread): the thread that left runs eager, the
+    other, still inside, runs compiled."""
+    cb = ca.compiled_backward(backend="eager")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with cb:
+            a_in.set()
+            b_in.wait()
+        seen["a, after leaving"] = engine.current_compiler()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with cb:
+            b_in.set()
+            a_out.wait()
+            seen["b, still inside"] = engine.current_compiler()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"a, after leaving": None, "b, still inside": cb}

@@ -15,8 +15,9 @@ derivative formulas record a differentiable graph.
 
 The engine sits below Tensor: it makes the Tensors user hooks see with the roots'
 ``_make``, and it does not know compiled autograd. Entering ``ca.compiled_backward``
-hands it a compiler for the duration (``set_compiler``, as torch's
-``set_autograd_compiler``); ``backward`` and ``grad`` then call ``compiler.run``.
+hands it a compiler for the duration (``push_compiler``/``pop_compiler`` on this
+thread, as torch's ``set_autograd_compiler``); ``backward`` and ``grad`` then call
+``compiler.run``.
 """
 from __future__ import annotations
 
@@ -370,23 +371,24 @@ def needs_validation(fn) -> bool:
 _compilers = threading.local()
 
 
-@contextmanager
-def set_compiler(compiler):
-    """While inside, ``backward`` and ``grad`` run through ``compiler.run(roots,
-    retain_graph, input_edges, accumulate)`` (compiled autograd) instead of
-    ``execute``; contexts nest, the innermost wins (torch's set_autograd_compiler)."""
+def push_compiler(compiler) -> None:
+    """From now on, on this thread, ``backward`` and ``grad`` run through
+    ``compiler.run(roots, retain_graph, input_edges, accumulate)`` (compiled
+    autograd) instead of ``execute``, until ``pop_compiler``; pushes nest, the
+    innermost wins (torch's set_autograd_compiler)."""
     stack = getattr(_compilers, "stack", None)
     if stack is None:
         stack = _compilers.stack = []
     stack.append(compiler)
-    try:
-        yield compiler
-    finally:
-        stack.pop()
+
+
+def pop_compiler():
+    """Undo this thread's last ``push_compiler``; returns its compiler."""
+    return _compilers.stack.pop()
 
 
 def current_compiler(create_graph=False):
-    """The compiler ``set_compiler`` handed over, or None for eager autograd."""
+    """This thread's innermost pushed compiler, or None for eager autograd."""
     stack = getattr(_compilers, "stack", None)
     compiler = stack[-1] if stack else None
     if compiler is not None and create_graph:
@@ -424,7 +426,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         retain_graph = create_graph
     compiler = current_compiler(create_graph)
     roots = make_root_grads(tensors, grad_tensors, create_graph)
-    make = tensors[0]._make
+    make = next((t._make for t in tensors), None)   # (no roots: no hook runs)
     if inputs is None:
         if compiler is not None:
             compiler.run(roots, retain_graph)
@@ -460,7 +462,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         captured = compiler.run(roots, retain_graph, edges, accumulate=False)
     else:
         captured = execute(roots, retain_graph, create_graph, edges, accumulate=False,
-                           make=outputs[0]._make)
+                           make=next((t._make for t in outputs), None))
     result = []
     for t, g in zip(inputs, captured):
         if g is None:

@@ -461,7 +461,8 @@ def _prim_method(p):
     return op
 
 
-# The Tensor methods the prim table declares (``method=`` in a prim's block).
+# The Tensor methods the prim table declares (``method=`` in a prim's block, e.g.
+# ``exp`` in runtime/prims_elementwise.py): x.exp() has no ``def exp`` of its own.
 TABLE_METHODS = {p.name: _prim_method(p) for p in PRIMS.values() if p.method}
 
 

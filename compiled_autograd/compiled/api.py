@@ -8,7 +8,7 @@ miss, then call the compiled graph with the boxed lists. ``ca.trace_backward`` t
 without running anything.
 
 Entering ``compiled_backward`` hands the engine this module's compiler for the
-duration (``engine.set_compiler``): the engine never imports compiled autograd.
+duration (``engine.push_compiler``): the engine never imports compiled autograd.
 Backends are resolved in ``backends``; the cache, its stats and logs are ``cache``.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from compiled_autograd.ir import passes
 from compiled_autograd.ir.symbolic import ShapeEnv
 from compiled_autograd.memory.schedule import memory_schedule
 from runtime import memory as _memory
+
 
 @dataclass
 class CompiledBackward:
@@ -86,7 +87,7 @@ class CompiledBackward:
         return str(self.graph)
 
 
-# ---------------------------------------------------------------- options
+# ---------------------------------------------------------------- the context manager
 
 
 class compiled_backward:
@@ -98,16 +99,14 @@ class compiled_backward:
             raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
-        self._handoff = []
 
     def __enter__(self):
-        handoff = engine.set_compiler(self)
-        handoff.__enter__()
-        self._handoff.append(handoff)   # (a context may be entered again, nested)
+        engine.push_compiler(self)    # this thread's engine runs backwards through run
         return self
 
     def __exit__(self, *exc):
-        return self._handoff.pop().__exit__(*exc)
+        engine.pop_compiler()
+        return False
 
     def run(self, roots, retain_graph, input_edges=None, accumulate=True):
         """The engine's call: run this backward compiled (see ``run``)."""
@@ -142,10 +141,10 @@ def _compile(task, roots, collected, key, unpack, compiler, n_captures, dynamic)
                             packed_kinds(collected)), env.guards
 
 
-def run(roots, retain_graph, input_edges, accumulate, options):
-    """Run a backward through compiled autograd with ``options`` (a
-    compiled_backward). Returns the captured gradients (arrays) at ``input_edges``."""
-    task, collected, entry = lookup(roots, input_edges, accumulate, options)
+def run(roots, retain_graph, input_edges, accumulate, context):
+    """Run a backward through compiled autograd as ``context`` (the
+    compiled_backward in force) says. Returns the captured gradients (arrays) at ``input_edges``."""
+    task, collected, entry = lookup(roots, input_edges, accumulate, context)
     if not retain_graph:
         # The boxed lists become the only owners of the saved values: release them
         # (a prim node holds nothing else), and whatever other nodes hold.
@@ -165,28 +164,28 @@ def run(roots, retain_graph, input_edges, accumulate, options):
     return list(out) if out is not None else []
 
 
-def lookup(roots, input_edges, accumulate, options):
+def lookup(roots, input_edges, accumulate, context):
     """(task, collected args, CompiledBackward): collect the key and the runtime
     values, look the key up, and on a miss trace and compile. This is all a cache
     hit costs before the compiled function runs."""
     task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
     # The compiler's id is part of the key; its family holds the compiler itself,
     # so that id is never handed on to another callable while the entry exists.
-    cache_key = (id(options.compiler), options.unpack, key)
+    cache_key = (id(context.compiler), context.unpack, key)
     sizes, scalars = tuple(collected.sizes), collected.scalars
     family = families.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:
         # The tracer needs to know where each value sits: collect again, recording.
         collected = compiled_args.collect(task, roots, record=True)
-        entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, options)
+        entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, context)
     else:
         stats["cache_hits"] += 1
         family.last_sizes = sizes    # (a miss sets it itself)
     return task, collected, entry
 
 
-def _compile_miss(cache_key, family, collected, task, roots, input_edges, options):
+def _compile_miss(cache_key, family, collected, task, roots, input_edges, context):
     """Trace and compile for these sizes. A size that differs from the last call of
     the same structure becomes dynamic (sizes 0 and 1 stay static, as in torch)."""
     sizes = tuple(collected.sizes)
@@ -194,8 +193,8 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
         if "verbose" in log_flags():
             ensure_handler()
             log.info(miss_reason(cache_key[-1]))
-        dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if options.dynamic else set()
-        family = Family(dynamic, [], compiler=options.compiler)
+        dynamic = {p for p, v in enumerate(sizes) if v not in (0, 1)} if context.dynamic else set()
+        family = Family(dynamic, [], compiler=context.compiler)
         with lock:
             families[cache_key] = family
     else:
@@ -206,7 +205,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, option
             names = ", ".join(f"s{p}" for p in sorted(changed)) or "none (a guard failed)"
             ensure_handler()
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
-    entry, guards = _compile(task, roots, collected, cache_key, options.unpack, options.compiler,
+    entry, guards = _compile(task, roots, collected, cache_key, context.unpack, context.compiler,
                              len(input_edges or ()), family.dynamic)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}

@@ -1,7 +1,7 @@
 /* The two walks of a compiled-autograd cache hit, in C (see native_walk.py).
 
    discover():      GraphTask._discover (engine.py), line for line.
-   collect_nodes(): the node loop of tracer.collect with record=False, for the
+   collect_nodes(): the node loop of compiled_args.collect with record=False, for the
                     common nodes: a prim's backward node or an AccumulateGrad with
                     no hooks, whose saved variables are plain, unchanged arrays.
                     It writes what CompiledNodeArgs.collect_prim_node and
@@ -609,7 +609,7 @@ static PyMethodDef methods[] = {
     {"discover", (PyCFunction)(void (*)(void))discover, METH_FASTCALL,
      "GraphTask._discover in C."},
     {"collect_nodes", (PyCFunction)(void (*)(void))collect_nodes, METH_FASTCALL,
-     "tracer.collect's node loop (record=False) in C."},
+     "compiled_args.collect's node loop (record=False) in C."},
     {"key_hash", key_hash, METH_O, "hash(key), with the shared items' hashes kept."},
     {"clear_shared", clear_shared, METH_NOARGS,
      "Empty the table of shared tuples (as happens when it is half full)."},

@@ -1,4 +1,4 @@
-"""ca.utils.checkpoint: activation checkpointing (see compiled_autograd/checkpoint.py)."""
+"""ca.utils.checkpoint: activation checkpointing (see compiled_autograd/autograd/checkpoint.py)."""
 from compiled_autograd.autograd.checkpoint import (CheckpointError, CheckpointPolicy,
                                          SelectiveCheckpointContext, checkpoint,
                                          checkpoint_sequential,
