@@ -137,12 +137,39 @@ def test_graph_freed_with_no_references():
     assert node() is None
 
 
-def test_backward_and_grad_of_no_outputs():
-    """As torch: backward of no tensors does nothing; grad of no outputs finds no
-    path to an input."""
+def test_backward_and_grad_of_no_outputs_or_no_inputs():
+    """As torch 2.13: backward of no tensors does nothing; grad of no outputs finds
+    no path to an input; grad needs inputs."""
     x = ca.tensor([1.0, 2.0], requires_grad=True)
     assert ca.autograd.backward([]) is None
     assert x.grad is None
-    assert ca.autograd.grad([], []) == ()
     with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
         ca.autograd.grad([], [x])
+    for outputs in ([], (x * 2).sum()):
+        with pytest.raises(RuntimeError, match=r"`inputs` argument to `grad\(\)` cannot be empty"):
+            ca.autograd.grad(outputs, [])
+
+
+def test_numpy_under_no_grad_and_no_grad_as_a_bare_decorator():
+    """As torch: under no_grad, .numpy() of a tensor that requires grad is its
+    storage (outside, the usual refusal); ``@ca.no_grad`` needs no call."""
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="Can't call numpy\\(\\) on Tensor that requires grad"):
+        x.numpy()
+    with ca.no_grad():
+        assert x.numpy() is x._data
+
+    @ca.no_grad
+    def mode():
+        return ca.is_grad_enabled()
+
+    @ca.enable_grad
+    def mode_on():
+        return ca.is_grad_enabled()
+
+    assert mode() is False and ca.is_grad_enabled()
+    with ca.no_grad():
+        assert mode_on() is True
+    with ca.set_grad_enabled(False):
+        assert not ca.is_grad_enabled()
+    assert ca.is_grad_enabled()

@@ -452,6 +452,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     """Gradients of ``outputs`` w.r.t. ``inputs``; ``.grad`` is left untouched."""
     outputs = _as_list(outputs)
     inputs = _as_list(inputs)
+    if not inputs:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
     grad_outputs = _as_list(grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph

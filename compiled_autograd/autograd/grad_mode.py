@@ -18,6 +18,11 @@ def _set(enabled: bool) -> None:
 class _GradMode:
     _enabled: bool
 
+    def __new__(cls, fn=None):
+        # ``@no_grad`` without a call decorates ``fn`` directly (as torch).
+        self = super().__new__(cls)
+        return self if fn is None else self(fn)
+
     def __enter__(self):
         self._prev = is_grad_enabled()
         _set(self._enabled)
@@ -48,6 +53,9 @@ class enable_grad(_GradMode):
 
 class set_grad_enabled(_GradMode):
     """Context manager / function: set grad mode to ``mode``."""
+
+    def __new__(cls, mode):
+        return object.__new__(cls)
 
     def __init__(self, mode: bool):
         self._enabled = bool(mode)

@@ -13,6 +13,7 @@ from functools import partial
 
 
 from compiled_autograd.autograd import dispatch, engine, hooks
+from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.autograd.node import gradient_edge, node_class
 from compiled_autograd.autograd.tensor_base import TensorBase, as_ndarray
 from compiled_autograd.autograd.tensor_inplace import InplaceMethods
@@ -138,8 +139,9 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
         return self._data.shape[norm_dim(dim, self.ndim)]
 
     def numpy(self):
-        """The storage as an ndarray (shared, as torch's .numpy())."""
-        if self.requires_grad:
+        """The storage as an ndarray (shared, as torch's .numpy()); under no_grad
+        also for a tensor that requires grad (as torch)."""
+        if is_grad_enabled() and self.requires_grad:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
         return self._data
