@@ -152,8 +152,8 @@ def test_arena_blocks_with_symbolic_sizes():
     gradients match eager at every size."""
     compiled = []
 
-    def compiler(graph):
-        compiled.append(CBackward(graph))
+    def compiler(gm):
+        compiled.append(CBackward(gm.graph))
         return compiled[-1]
 
     for batch in (3, 4, 6, 2, 5):
@@ -194,8 +194,8 @@ def test_a_backward_split_into_parts_gives_the_same_gradients(cache):
         ex = build("transformer", checkpoint="layer", **TRANSFORMER)
         compiled = []
 
-        def compiler(graph):
-            compiled.append(CBackward(graph, part_lines=part_lines))
+        def compiler(gm):
+            compiled.append(CBackward(gm.graph, part_lines=part_lines))
             return compiled[-1]
         with ca.compiled_backward(backend=compiler):
             ex.loss().backward()

@@ -288,18 +288,26 @@ def test_retain_graph_keeps_saved_values():
     _both(run)
 
 
-def test_user_compiler_fn_receives_the_graph():
+def test_user_compiler_fn_receives_a_graph_module():
+    """As torch's compiled autograd: compiler_fn(gm) once per new graph; gm is
+    callable (the reference interpreter) and has .graph, .code, .print_readable()."""
     seen = []
 
-    def compiler(graph):
-        seen.append(len(graph.nodes))
-        from compiled_autograd.compiled.interpreter import Interpreter
-        return Interpreter(graph)
+    def compiler(gm):
+        seen.append(gm)
+        return gm
 
     x = ca.randn(3, requires_grad=True)
-    with ca.compiled_backward(backend=compiler):
-        x.tanh().sum().backward()
-    assert seen and x.grad is not None
+    for _ in range(2):
+        x.grad = None
+        with ca.compiled_backward(backend=compiler):
+            x.tanh().sum().backward()
+    (gm,) = seen                                  # the second backward was a hit
+    np.testing.assert_allclose(x.grad.numpy(), 1 - np.tanh(x.detach().numpy()) ** 2,
+                               rtol=1e-6)
+    assert [n.target for n in gm.graph.nodes if n.op == "call_hook"] == ["accumulate_grad"]
+    assert "def compiled_backward(" in gm.code and gm.print_readable(False) == gm.code
+    assert str(gm) == str(gm.graph)
     with pytest.raises(ValueError, match="unknown compiled autograd backend 'nope'"):
         ca.compiled_backward(backend="nope")
 
@@ -421,9 +429,9 @@ def test_a_new_compiler_callable_never_hits_an_old_ones_entry():
     calls = []
     x = ca.randn(3, requires_grad=True)
     for i in range(3):
-        def compiler(graph, i=i):
+        def compiler(gm, i=i):
             calls.append(i)
-            return Interpreter(graph)
+            return Interpreter(gm.graph)
         with ca.compiled_backward(backend=compiler):
             (x * 2).sum().backward()
         del compiler
@@ -439,8 +447,8 @@ def test_a_compiler_that_cannot_be_hashed():
     class Compiler:            # a dataclass: __hash__ is None
         name: str = "mine"
 
-        def __call__(self, graph):
-            return Interpreter(graph)
+        def __call__(self, gm):
+            return Interpreter(gm.graph)
     x = ca.tensor([1.0, 2.0], requires_grad=True)
     with ca.compiled_backward(backend=Compiler()):
         (x * x).sum().backward()

@@ -22,6 +22,7 @@ from compiled_autograd.autograd.grad_mode import set_grad_enabled
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.compiled import compiled_args, native_walk, tracer
 from compiled_autograd.compiled.backends import resolve_backend
+from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
                                               log_event, log_flags, miss_reason, static_check,
                                               stats)
@@ -92,13 +93,15 @@ class CompiledBackward:
 
 class compiled_backward:
     """Context manager: ``.backward()`` and ``autograd.grad`` inside run through
-    compiled autograd with ``backend`` ("eager" | a registered name | a callable)."""
+    compiled autograd with ``backend``: "eager" | a registered name (its compiler
+    gets the Graph) | a callable ``compiler_fn(gm)`` (it gets a GraphModule)."""
 
     def __init__(self, backend="python", dynamic=False, unpack="progressive"):
         if unpack not in ("progressive", "upfront"):
             raise ValueError(f"unpack must be 'progressive' or 'upfront', got {unpack!r}")
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
+        self.takes_module = callable(backend)    # a user's compiler_fn(gm)
 
     def __enter__(self):
         engine.push_compiler(self)    # this thread's engine runs backwards through run
@@ -125,19 +128,19 @@ def _prepare(roots, input_edges, accumulate, record=True):
     return task, collected, collected.freeze()
 
 
-def _compile(task, roots, collected, key, unpack, compiler, n_captures, dynamic):
+def _compile(task, roots, collected, key, context, n_captures, dynamic):
     start = time.perf_counter()
     with ShapeEnv() as env:
         traced = tracer.trace(task, roots, collected, n_captures, frozenset(dynamic))
         graph = traced.graph
         passes.eliminate_dead_code(graph)
-        passes.place_reads(graph, unpack)
+        passes.place_reads(graph, context.unpack)
     stats["captures"] += 1
-    fn = compiler(graph)
+    fn = context.compiler(GraphModule(graph) if context.takes_module else graph)
     stats["compiles"] += 1
     stats["compile_seconds"] += time.perf_counter() - start
     log_event("graph", f"compiled autograd graph {stats['captures']}:\n{graph}")
-    return CompiledBackward(graph, fn, traced.constants, key, unpack,
+    return CompiledBackward(graph, fn, traced.constants, key, context.unpack,
                             packed_kinds(collected)), env.guards
 
 
@@ -205,7 +208,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
             names = ", ".join(f"s{p}" for p in sorted(changed)) or "none (a guard failed)"
             ensure_handler()
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
-    entry, guards = _compile(task, roots, collected, cache_key, context.unpack, context.compiler,
+    entry, guards = _compile(task, roots, collected, cache_key, context,
                              len(input_edges or ()), family.dynamic)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}

@@ -1,5 +1,8 @@
 """The backend registry of compiled autograd: a name -> a compiler.
 
+(A user callable passed as ``backend=`` is not registered: it gets a GraphModule,
+compiled/graph_module.py.)
+
 A compiler is ``compiler(graph) -> callable`` (the callable runs the backward:
 ``fn(inputs, sizes, scalars, hooks, packed_data)``). "eager" is the reference
 interpreter; the code generators register theirs by module path ("module:function"),
