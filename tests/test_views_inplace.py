@@ -1,5 +1,7 @@
 """Views and in-place ops: PyTorch's semantics, including the CopySlices cases of the
 note "View + Inplace update for base tensor"."""
+import re
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,19 @@ def test_detach_shares_storage_and_version():
     assert np.shares_memory(d.numpy(), a.detach().numpy())
     d.add_(1.0)
     assert a._version == 1
+
+
+def test_in_place_on_an_output_of_split_or_chunk_is_refused():
+    """As torch: the views of a function that returns several views may not be
+    modified in place (with grad recorded); under no_grad, or when nothing needs a
+    gradient, they may."""
+    message = ("Output 1 of Split is a view and is being modified inplace. This view is "
+               "the output of a function that returns multiple views.")
+    x = ca.randn(4, requires_grad=True).clone()
+    for a, b in (x.split(2), x.chunk(2)):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            b.mul_(2)
+    assert x._version == 0                        # refused before anything changed
+    with ca.no_grad():
+        x.split(2)[0].mul_(2)
+    ca.randn(4).split(2)[1].add_(1)

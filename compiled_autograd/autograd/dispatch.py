@@ -170,6 +170,12 @@ def check_inplace(target):
             "the custom backward associated with the custom Function, leading to incorrect "
             "gradients. This behavior is forbidden. You can fix this by cloning the output "
             "of the custom Function.")
+    if isinstance(target._creation, tuple):    # ("multi_view", i): an output of split
+        raise RuntimeError(
+            f"Output {target._creation[1]} of Split is a view and is being modified inplace. "
+            "This view is the output of a function that returns multiple views. Such "
+            "functions do not allow the output views to be modified inplace. You should "
+            "replace the inplace operation by an out-of-place one.")
     if target._creation == "no_grad" and base.requires_grad:
         raise RuntimeError(
             "A view was created in no_grad mode and is being modified inplace with grad "

@@ -69,7 +69,8 @@ class TensorBase:
         self._backward_hooks = None
         self._post_accumulate_grad_hooks = None
         # How a view was made, when torch forbids in-place on it later:
-        # "no_grad" (made without history) or "custom_function" (a Function's output).
+        # "no_grad" (made without history), "custom_function" (a Function's output)
+        # or ("multi_view", i) (output i of split/chunk).
         self._creation = None
 
     @staticmethod

@@ -11,6 +11,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime.prims import PRIMS, norm_dim, ops
 
@@ -395,6 +396,11 @@ def _split(self, split_size_or_sections, dim=0):
     for size in sizes:
         out.append(ops.slice(self, dim=d, start=start, stop=start + size, step=1))
         start += size
+    if is_grad_enabled() and self.requires_grad:
+        # As torch: the views of a function that returns several may not be
+        # modified in place (dispatch.check_inplace says so).
+        for i, view in enumerate(out):
+            view._creation = ("multi_view", i)
     return tuple(out)
 
 
