@@ -152,3 +152,19 @@ def test_in_place_on_an_output_of_split_or_chunk_is_refused():
     with ca.no_grad():
         x.split(2)[0].mul_(2)
     ca.randn(4).split(2)[1].add_(1)
+
+
+@pytest.mark.parametrize("backend", (None, "eager", "python"))
+def test_retain_grad_survives_an_in_place_change_through_a_sibling_view(backend):
+    """As torch: v.mul_ rebases v2's history too (both view one base); v2's
+    retain_grad follows its new grad_fn."""
+    import contextlib
+    base = ca.tensor([1.0], requires_grad=True).clone()
+    v, v2 = base[:], base[:]
+    v.retain_grad()
+    v2.retain_grad()
+    v.mul_(2)
+    with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+        (v + v2).sum().backward()
+    assert_close(v.grad.numpy(), [1.0])
+    assert_close(v2.grad.numpy(), [1.0])

@@ -168,13 +168,15 @@ class GraphTask:
             self._dependencies = {fn: n for fn, n in zip(self._ranked, counts) if n}
         return self._dependencies
 
-    def restrict_to(self, input_edges, execute_leaf_inputs):
-        """Mark the nodes needed to reach ``input_edges``; capture at those edges."""
+    def restrict_to(self, input_edges, execute_inputs):
+        """Mark the nodes needed to reach ``input_edges``; capture at those edges.
+        ``execute_inputs`` (``backward(inputs=...)``): the inputs' own nodes run too
+        -- a leaf's AccumulateGrad, a non-leaf's grad_fn with its hooks -- as
+        torch's init_to_execute sets ``needed_`` for every output edge's node."""
         targets = {}
         for i, (fn, nr) in enumerate(input_edges):
             self.captures.setdefault((fn, nr), []).append(i)
-            targets[fn] = targets.get(fn, False) or (
-                execute_leaf_inputs and fn.accumulates_grad)
+            targets[fn] = targets.get(fn, False) or execute_inputs
         # Post-order DFS: a node is needed if it is a target to execute or any
         # child leads to a target (a child's answer is known before its parent's).
         needed, expanded = {}, set()
@@ -270,7 +272,7 @@ def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True
     ``discover``: the discovery walk to use instead of Python's (the C one)."""
     task = GraphTask(roots, keep_graph, create_graph, discover, make)
     if input_edges is not None:
-        task.restrict_to(input_edges, execute_leaf_inputs=accumulate)
+        task.restrict_to(input_edges, execute_inputs=accumulate)
     return task
 
 

@@ -66,10 +66,13 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
             self._grad_fn = None
             return
         geometry = dispatch.view_geometry(self, base)
+        old_fn, old_nr = self._grad_fn, self._output_nr
         self._grad_fn = node_class(PRIMS["as_strided"])(
             (base_edge,), ((self.shape, self.dtype),), (), geometry, (base.shape,),
             (base.dtype,))
         self._output_nr = 0
+        if self._retains_grad:   # (retain_grad is a hook on the grad_fn: it moves too)
+            hooks.move_retain_grad(self, old_fn, old_nr)
 
     @property
     def requires_grad(self) -> bool:
