@@ -202,3 +202,19 @@ def test_an_unpack_hook_that_changes_the_shape_is_refused(backend, dynamic):
             with ca.compiled_backward(backend=backend, dynamic=dynamic):
                 y.sum().backward()
     assert x.grad is None and w.grad is None
+
+
+def test_a_pack_hook_that_modifies_its_input_in_place_is_refused():
+    """As torch: the version counter of the packed tensor must not move (the
+    forward's value, and with it the gradient, would silently change)."""
+    def pack(t):
+        with ca.no_grad():
+            t.add_(1)
+        return t
+
+    x = ca.randn(3, requires_grad=True)
+    y = x.clone()
+    with pytest.raises(RuntimeError, match="A saved tensor pack hook is modifying its input "
+                                           "in place"):
+        with saved_tensors_hooks(pack, lambda t: t):
+            y.exp()

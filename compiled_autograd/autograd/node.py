@@ -412,7 +412,14 @@ class SavedVariable:
                                 and tensor._requires_grad) else None
         self._tensor = self._data = None
         self._version_counter = None
+        version = tensor._version_counter.value
         self.packed = pack(tensor)  # once per save
+        if tensor._version_counter.value != version:
+            raise RuntimeError(
+                "A saved tensor pack hook is modifying its input in place. Tensors provided "
+                "as input to pack hook cannot be modified by in-place operations as this can "
+                "lead to unexpected side-effects. Please open an issue if you need to perform "
+                "in-place operations on the input to a pack hook.")
         self.unpack_hook = unpack
 
     def _call_unpack_hook(self):
