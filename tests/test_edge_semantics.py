@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import assert_close, needs_torch, torch
+from helpers import BACKENDS, assert_close, needs_torch, torch
 
 
 def test_inplace_with_operand_aliasing_target_is_refused_at_backward():
@@ -340,3 +340,62 @@ def test_zero_d_mask_next_to_index_arrays_is_one_of_them():
 @needs_torch
 def test_zero_d_mask_next_to_index_arrays_is_one_of_them_torch():
     assert _zero_d_mask_next_to_index_arrays(ca) == _zero_d_mask_next_to_index_arrays(torch)
+
+
+MIXED_KEYS = [
+    ((2, 3, 4), (slice(None), slice(None), [1, 3])),
+    ((2, 3, 4), (0, slice(None), [1, 2])),          # the int selects first (torch)
+    ((2, 3, 4), ([0, 1], slice(1, 3), [2, 0])),      # non-adjacent: advanced dims first
+    ((2, 3, 4), ([1], Ellipsis, [0, 3])),
+    ((3, 4), (slice(None), np.array([True, False, True, False]))),
+    ((3, 4), (None, [2, 0], slice(None))),
+    ((2, 3, 4), ([1, 0], 2, slice(None))),
+]
+
+
+def _mixed_assignment(lib, shape, key, x_np, v_np):
+    as_lib = (lambda a: lib.tensor(a, requires_grad=True, dtype=np.float64)) if lib is ca else \
+        (lambda a: lib.tensor(a, requires_grad=True, dtype=lib.float64))
+    if lib is not ca:
+        key = tuple(lib.tensor(k) if isinstance(k, (list, np.ndarray)) else k for k in key)
+    x, v = as_lib(x_np), as_lib(v_np)
+    y = x * 1.0
+    y[key] = v
+    weights = lib.arange(y.numel()).reshape(*shape) + 1.0
+    (y * y * weights).sum().backward()
+    return y.detach().numpy(), x.grad.numpy(), v.grad.numpy()
+
+
+@needs_torch
+@pytest.mark.parametrize("shape, key", MIXED_KEYS)
+def test_index_assignment_mixing_arrays_with_slices_and_ints_is_torchs(shape, key):
+    """y[:, :, [1, 3]] = v and the like (Step 7's listed difference 11: refused)."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal(shape)
+    t_key = tuple(torch.tensor(k) if isinstance(k, (list, np.ndarray)) else k for k in key)
+    v_np = rng.standard_normal(tuple(torch.zeros(shape)[t_key].shape))
+    for ours, theirs in zip(_mixed_assignment(ca, shape, key, x_np, v_np),
+                            _mixed_assignment(torch, shape, key, x_np, v_np)):
+        assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_assignment_mixing_arrays_with_slices_compiles(backend):
+    rng = np.random.default_rng(1)
+    x_np, v_np = rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 2))
+    key = (0, slice(None), [1, 2])
+    eager = _mixed_assignment(ca, (2, 3, 4), key, x_np, v_np)
+    for _ in range(2):                          # a compile, then a cache hit
+        with ca.compiled_backward(backend=backend):
+            compiled = _mixed_assignment(ca, (2, 3, 4), key, x_np, v_np)
+        for a, b in zip(compiled, eager):
+            assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_refused_mixed_index_assignment_changes_nothing():
+    y = ca.zeros(2, 3, 4)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 2 with size 4"):
+        y[:, :, [1, 5]] = 1.0
+    with pytest.raises(IndexError, match=r"could not be broadcast together with shapes \[3\], \[2\]"):
+        y[:, [0, 1, 2], [1, 2]] = 1.0
+    assert y._version == 0 and float(y.sum()) == 0.0

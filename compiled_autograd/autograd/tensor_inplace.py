@@ -139,9 +139,30 @@ def _setitem(self, key, value):
         _inplace("masked_fill", _getitem(self, key_t), True, value)  # a view, copied into
         return
     if not all(_is_index_array(k) or _is_zero_d_mask(k) for k in key_t):
-        raise RuntimeError("assignment mixing index arrays with ints or slices is not "
-                           "supported; index with arrays only, or assign into a view first")
+        key_t = _places(self, key_t)
     _index_put_(self, key_t, value)
+
+
+def _places(self, key):
+    """Index arrays mixed with ints, slices, None or ``...``: the places they select,
+    laid out as the indexing result, as one index array per dim. As torch (and as
+    ``_getitem``), ints select first; then numpy's rule, which is torch's for the
+    rest: the advanced dims go first when they are not adjacent."""
+    key = _normalize_key(self, key)
+    _check_broadcast([k for k in key if _is_index_array(k)])
+    ints, rest = [], []
+    for k in key:
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            ints.append(int(k))
+            continue
+        rest.append(k)
+        if k is not None:
+            ints.extend([slice(None)] * _dims_consumed(k))
+    try:
+        places = np.arange(self.numel()).reshape(self.shape)[tuple(ints)][tuple(rest)]
+    except IndexError as e:
+        raise IndexError(str(e).replace("for axis", "for dimension")) from None
+    return tuple(np.unravel_index(places, self.shape))
 
 
 def _index_put_(self, key, value):
