@@ -1,12 +1,14 @@
 """Edge cases of hooks, saved-tensor hooks, checkpointing and accounting that a
 review found wrong here once; compared with torch where torch accepts them."""
+import contextlib
 import functools
+import re
 
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from helpers import assert_close, needs_torch, torch
+from helpers import BACKENDS, assert_close, needs_torch, torch
 
 
 def _leaf_double_backward(m, use_offload):
@@ -151,9 +153,6 @@ def test_torch_refusals():
     y.register_hook(lambda g: g.double())
     with pytest.raises(RuntimeError, match="has changed the type of value"):
         y.sum().backward()
-    x.register_post_accumulate_grad_hook(lambda t: t)
-    with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot return a value"):
-        (x * 1).sum().backward()
 
     class Bad(ca.autograd.Function):
         @staticmethod
@@ -185,3 +184,22 @@ def test_finished_profile_is_not_kept_alive_by_arrays():
     del prof
     gc.collect()
     assert tracker() is None and w.grad is not None
+
+
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
+def test_what_a_post_accumulate_grad_hook_may_return(backend):
+    """As torch 2.13: None or the tensor it was given; another tensor is a
+    RuntimeError, anything else a TypeError (on every backend)."""
+    cases = [(lambda t: None, None, None), (lambda t: t, None, None),
+             (lambda t: t * 0, RuntimeError, "Tensor post accumulate grad hooks should return None."),
+             (lambda t: 5, TypeError, "expected Variable, but hook returned 'int'")]
+    for hook, error, message in cases:
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        x.register_post_accumulate_grad_hook(hook)
+        with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+            if error is None:
+                (x * 2).sum().backward()
+                assert_close(x.grad.numpy(), [2.0, 2.0])
+            else:
+                with pytest.raises(error, match=re.escape(message)):
+                    (x * 2).sum().backward()

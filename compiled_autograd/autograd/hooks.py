@@ -229,9 +229,17 @@ def run_post_accumulate_grad_hooks(variable):
     hooks = variable._post_accumulate_grad_hooks
     if hooks:
         for hook in list(hooks.values()):
-            if hook(variable) is not None:
-                raise RuntimeError("post accumulate grad hooks cannot return a value; "
-                                   f"hook '{hook_name(hook)}' returned one")
+            check_post_accumulate_grad_result(hook(variable), variable)
+
+
+def check_post_accumulate_grad_result(result, variable):
+    """torch 2.13's checks: a post-accumulate-grad hook returns None (or the tensor
+    it was given); another tensor, or anything else, is refused with its message."""
+    if result is None or result is variable:
+        return
+    if not isinstance(result, TensorBase):
+        raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
+    raise RuntimeError("Tensor post accumulate grad hooks should return None.")
 
 
 def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph, make):

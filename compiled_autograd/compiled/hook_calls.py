@@ -6,7 +6,8 @@ call them (``CALL_HOOK[kind]``).
 """
 from __future__ import annotations
 
-from compiled_autograd.autograd.hooks import check_hook_result, hook_name
+from compiled_autograd.autograd.hooks import (check_hook_result,
+                                              check_post_accumulate_grad_result, hook_name)
 from compiled_autograd.autograd.node import accumulate_into, checked_unpack
 from compiled_autograd.autograd.tensor import Tensor
 
@@ -68,9 +69,7 @@ def post_hook(hook, n_inputs, *grads):
 
 
 def post_acc_grad_hook(hook, variable):
-    if hook(variable) is not None:
-        raise RuntimeError("post accumulate grad hooks cannot return a value; "
-                           f"hook '{hook_name(hook)}' returned one")
+    check_post_accumulate_grad_result(hook(variable), variable)
 
 
 CALL_HOOK = {"unpack_hook": unpack_hook, "tensor_pre_hook": tensor_pre_hook,
