@@ -211,3 +211,26 @@ def test_checkpoint_sequential():
     model(x).sum().backward()
     for a, p in zip(ck, model.parameters()):
         np.testing.assert_array_equal(a, p.grad.numpy())
+
+
+def test_a_saved_input_that_needs_no_grad_is_the_same_object_after_recomputation():
+    """As torch (its recomputation hook detaches only tensors that require grad):
+    ctx.saved_tensors gives a no-grad input back as the very object."""
+    seen = {}
+
+    class Mul(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            seen["x"], seen["w"] = x, w
+            return g * w, g * x
+
+    x, w = ca.randn(3), ca.randn(3, requires_grad=True)
+    checkpoint(lambda a, b: Mul.apply(a, b), x, w, use_reentrant=False).sum().backward()
+    assert seen["x"] is x and seen["w"] is not w
+    np.testing.assert_allclose(w.grad.numpy(), x.numpy())

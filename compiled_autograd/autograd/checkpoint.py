@@ -136,13 +136,16 @@ class _RecomputationHooks(saved_tensors_hooks):
 
     def __init__(self, frame_ref, gid):
         def pack(x):
+            # As torch: only a tensor that requires grad is detached; another is kept
+            # as the very object (ctx.saved_tensors gives the input itself back).
+            x = x.detach() if x.requires_grad else x
             frame = frame_ref()
             idx = frame.recomp_counter[gid]
             frame.recomp_counter[gid] += 1
             if idx >= len(frame.weak_holders):
                 if not frame.forward_completed:  # recomputing while still in forward
                     frame.ignore_saved_mismatch = True
-                    return x.detach()
+                    return x
                 raise CheckpointError("torch.utils.checkpoint: trying to save more tensors "
                                       "during recomputation than during the original forward "
                                       "pass.")
@@ -150,10 +153,10 @@ class _RecomputationHooks(saved_tensors_hooks):
             if holder is not None:  # else that saved value is no longer needed
                 handle = _Handle()
                 holder.handles[gid] = handle
-                frame.recomputed[gid][handle] = x.detach()
+                frame.recomputed[gid][handle] = x
             if frame.early_stop and frame.recomp_counter[gid] == len(frame.weak_holders):
                 raise _StopRecomputation()
-            return x.detach()
+            return x
 
         super().__init__(pack, lambda x: x)
 
