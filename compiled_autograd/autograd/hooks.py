@@ -207,12 +207,17 @@ def run_node_pre_hooks(fn, grads, create_graph, make):
         for hook in list(pre.values()):
             result = hook(tuple(_wrap(g, make) for g in grads))
             if result is not None:
-                if len(result) != len(grads):
-                    raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} "
-                                       f"values, expected {len(grads)}")
-                grads = [None if r is None else _unwrap(r, g, hook, create_graph)
-                         for r, g in zip(result, grads)]
+                grads = _replaced(result, grads, hook, create_graph)
     return grads
+
+
+def _replaced(result, grads, hook, create_graph):
+    """The gradients a node hook returned in place of ``grads``, each checked."""
+    if len(result) != len(grads):
+        raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} values, "
+                           f"expected {len(grads)}")
+    return [None if r is None else _unwrap(r, g, hook, create_graph)
+            for r, g in zip(result, grads)]
 
 
 def retain(t, g):
@@ -249,9 +254,5 @@ def run_post_hooks(fn, grad_inputs, grad_outputs, create_graph, make):
         result = hook(tuple(_wrap(g, make) for g in grad_inputs),
                       tuple(_wrap(g, make) for g in grad_outputs))
         if result is not None:
-            if len(result) != len(grad_inputs):
-                raise RuntimeError(f"hook '{hook_name(hook)}' returned {len(result)} values, "
-                                   f"expected {len(grad_inputs)}")
-            grad_inputs = [None if r is None else _unwrap(r, g, hook, create_graph)
-                           for r, g in zip(result, grad_inputs)]
+            grad_inputs = _replaced(result, grad_inputs, hook, create_graph)
     return tuple(grad_inputs)

@@ -219,20 +219,19 @@ def _check_float_target(target, other):
                            f"{target.dtype.name}")
 
 
-def _add_(self, other, alpha=1):
-    other = _as_tensor(other, self._make)
-    _check_float_target(self, other)
-    if alpha != 1:
-        other = other * alpha
-    return _inplace("add", self, other)
+def _additive_(name):
+    """``add_``/``sub_``: ``self op= alpha * other``."""
+    def op(self, other, alpha=1):
+        other = _as_tensor(other, self._make)
+        _check_float_target(self, other)
+        if alpha != 1:
+            other = other * alpha
+        return _inplace(name, self, other)
+    op.__name__ = f"{name}_"
+    return op
 
 
-def _sub_(self, other, alpha=1):
-    other = _as_tensor(other, self._make)
-    _check_float_target(self, other)
-    if alpha != 1:
-        other = other * alpha
-    return _inplace("sub", self, other)
+_add_, _sub_ = _additive_("add"), _additive_("sub")
 
 
 def _mul_(self, other):
