@@ -84,10 +84,15 @@ def F(m):
 _FUNCTIONS: dict = {}
 
 
+BACKWARD_CALLS = [0]   # calls of the opaque Functions' backwards (compiled must equal eager)
+
+
 def _functions(m):
     """Custom autograd.Functions (the same class bodies for ca and torch): one
     that saves its input, one whose backward computes with a size, one that keeps
-    its operands as ctx attributes."""
+    its operands as ctx attributes. Each twice: as is (under compiled_backward
+    its backward runs as Python, a call_backward node; it counts its calls in
+    ``BACKWARD_CALLS``), and declared ``inline_backward`` (traced into prims)."""
     if m not in _FUNCTIONS:
         class Square(m.autograd.Function):
             @staticmethod
@@ -120,8 +125,22 @@ def _functions(m):
             @staticmethod
             def backward(ctx, grad):
                 return grad * ctx.y, grad * ctx.x
-        _FUNCTIONS[m] = {"square": Square, "per_row": PerRow, "mul_attrs": MulByAttributes}
+        table = {}
+        for name, cls in (("square", Square), ("per_row", PerRow),
+                          ("mul_attrs", MulByAttributes)):
+            table[name] = type(cls.__name__ + "Counted", (cls,),
+                               {"backward": staticmethod(_counted(cls.backward))})
+            table[name + "_inline"] = type(cls.__name__ + "Inline", (cls,),
+                                           {"inline_backward": True})
+        _FUNCTIONS[m] = table
     return _FUNCTIONS[m]
+
+
+def _counted(backward):
+    def counted(ctx, *grads):
+        BACKWARD_CALLS[0] += 1
+        return backward(ctx, *grads)
+    return counted
 
 
 def _const(m, array):
@@ -193,6 +212,13 @@ OPS = {
     "per_row_fn": (_one(_rank(1, 2, 3)), lambda m, xs, p: _functions(m)["per_row"].apply(xs[0])),
     "mul_attrs_fn": (_two(_small, lambda a, b: _same_shape(a, b) and _small(b)),
                      lambda m, xs, p: _functions(m)["mul_attrs"].apply(xs[0], xs[1])),
+    "square_fn_inline": (_one(_small),
+                         lambda m, xs, p: _functions(m)["square_inline"].apply(xs[0])),
+    "per_row_fn_inline": (_one(_rank(1, 2, 3)),
+                          lambda m, xs, p: _functions(m)["per_row_inline"].apply(xs[0])),
+    "mul_attrs_fn_inline": (_two(_small, lambda a, b: _same_shape(a, b) and _small(b)),
+                            lambda m, xs, p: _functions(m)["mul_attrs_inline"].apply(xs[0],
+                                                                                      xs[1])),
     # elementwise, two operands (of one shape, or broadcast)
     "add": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] + xs[1]),
     "sub": (_two(lambda v: True, _same_shape), lambda m, xs, p: xs[0] - xs[1]),

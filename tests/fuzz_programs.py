@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fuzz_ops import OPS
+from fuzz_ops import BACKWARD_CALLS, OPS
 
 VARIANTS = ("plain", "checkpoint", "hooks", "tensor_hooks", "offload", "grad")
 TORCH_VARIANTS = ("plain", "checkpoint", "hooks", "tensor_hooks", "grad")
@@ -279,6 +279,13 @@ def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1
     return out
 
 
+def _counted_run(*args, **kwargs):
+    """``run``'s gradients, and how many times opaque custom backwards ran."""
+    before = BACKWARD_CALLS[0]
+    out = run(*args, **kwargs)
+    return out, BACKWARD_CALLS[0] - before
+
+
 def compare(ours, theirs, rtol, atol):
     """The first difference between two gradient dicts, as a message, or None.
     An element may differ by ``rtol`` of itself plus ``rtol`` of the largest
@@ -322,21 +329,33 @@ def check(seed, variant, backends=("python", "c"), dtype=np.float64, with_torch=
           unpack="progressive"):
     """Messages for every backend (and torch) that differs from eager on program
     ``seed`` under ``variant``; empty when all agree. Torch runs in float64."""
+    import compiled_autograd as ca
     prog = generate(seed)
-    reference = run(prog, "ca", dtype, variant)
+    reference, calls = _counted_run(prog, "ca", dtype, variant)
     problems = []
     for backend in backends:
-        got = run(prog, "ca", dtype, variant, backend, unpack=unpack)
+        got, got_calls = _counted_run(prog, "ca", dtype, variant, backend, unpack=unpack)
         diff = compare(got, reference, *BACKEND_TOL[dtype])
         if diff:
             problems.append(f"backend {backend!r}: {diff}")
             continue
-        # Again on other values: a cache hit (unless the graph is not cacheable)
-        # must use this call's values, not the first call's.
-        got = run(prog, "ca", dtype, variant, backend, scale=HIT_SCALE, unpack=unpack)
-        diff = compare(got, run(prog, "ca", dtype, variant, scale=HIT_SCALE), *BACKEND_TOL[dtype])
+        if got_calls != calls:
+            problems.append(f"backend {backend!r}: custom backwards ran {got_calls} times, "
+                            f"eager {calls}")
+        # Again on other values: a cache hit must use this call's values, not the
+        # first call's, and run the custom backwards again.
+        hits = ca.compiled_autograd_stats()["cache_hits"]
+        got, got_calls = _counted_run(prog, "ca", dtype, variant, backend, scale=HIT_SCALE,
+                                      unpack=unpack)
+        if ca.compiled_autograd_stats()["cache_hits"] != hits + 1:
+            problems.append(f"backend {backend!r}, second call: not a cache hit")
+        want, calls_again = _counted_run(prog, "ca", dtype, variant, scale=HIT_SCALE)
+        diff = compare(got, want, *BACKEND_TOL[dtype])
         if diff:
             problems.append(f"backend {backend!r}, second call: {diff}")
+        elif got_calls != calls_again:
+            problems.append(f"backend {backend!r}, second call: custom backwards ran "
+                            f"{got_calls} times, eager {calls_again}")
     if with_torch and variant in TORCH_VARIANTS:
         ours = reference if dtype == np.float64 else run(prog, "ca", np.float64, variant)
         diff = compare(ours, run(prog, "torch", np.float64, variant), *TORCH_TOL)

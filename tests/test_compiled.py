@@ -204,8 +204,10 @@ def test_accumulate_into_existing_grad_keeps_the_object():
     assert_matches(g.numpy(), [5.0, 5.0])
 
 
-def _custom_function(scale):
+def _custom_function(scale, inline=False):
     class Scaled(ca.autograd.Function):
+        inline_backward = inline
+
         @staticmethod
         def forward(ctx, x, y):
             ctx.save_for_backward(x, y)
@@ -220,18 +222,19 @@ def _custom_function(scale):
     return Scaled
 
 
-def test_custom_function_saved_tensors_attributes_and_dynamic_classes():
+@pytest.mark.parametrize("inline", [False, True])
+def test_custom_function_saved_tensors_attributes_and_dynamic_classes(inline):
     def run(compiled, fn_cls):
         x = ca.tensor([1.0, 2.0], requires_grad=True)
         y = ca.tensor([3.0, 4.0], requires_grad=True)
         with _maybe(compiled):
             fn_cls.apply(x, y).sum().backward()
         return [x.grad.numpy(), y.grad.numpy()]
-    two = _custom_function(2.0)
+    two = _custom_function(2.0, inline)
     _both(lambda c: run(c, two))
     _both(lambda c: run(c, two))
     assert ca.compiled_autograd_stats()["cache_hits"] == 1
-    three = _custom_function(3.0)   # a new class, defined at run time: keyed by identity
+    three = _custom_function(3.0, inline)   # a new class, defined at run time: keyed by identity
     _both(lambda c: run(c, three))
     assert ca.compiled_autograd_stats()["captures"] == 2
 
@@ -352,7 +355,10 @@ def test_progressive_unpacking_peaks_no_higher_than_eager(checkpoint, offload):
 
 
 def test_ctx_attributes_are_keyed_by_value_or_not_cached():
+    # A traced backward (inline_backward) bakes in what it reads of ctx.
     class Scaled(ca.autograd.Function):
+        inline_backward = True
+
         @staticmethod
         def forward(ctx, x, cfg):
             ctx.cfg = cfg
@@ -373,6 +379,8 @@ def test_ctx_attributes_are_keyed_by_value_or_not_cached():
     assert ca.compiled_autograd_stats()["cache_hits"] == 1  # the repeated 3.0
 
     class Opaque(ca.autograd.Function):
+        inline_backward = True
+
         @staticmethod
         def forward(ctx, x, fn):
             ctx.fn = fn
@@ -402,13 +410,50 @@ def test_hooks_run_without_grad_mode_like_eager():
     _both(run)
 
 
-def test_reentrant_checkpoint_is_refused_clearly():
+def test_ctx_attributes_are_read_at_run_time_by_a_backward_run_as_python():
+    class Scaled(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cfg):
+            ctx.cfg = cfg
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.cfg["scale"] * ctx.cfg["fn"](ctx.cfg["ws"][0]), None
+
+    with ca.compiled_backward(backend=BACKEND):
+        for k in (2.0, 3.0, 3.0):
+            cfg = {"scale": k, "ws": (ca.full((3,), k),), "fn": lambda t, k=k: t + k}
+            x = ca.ones(3, requires_grad=True)
+            Scaled.apply(x, cfg).sum().backward()
+            assert_matches(x.grad.numpy(), np.full(3, k * 2 * k))
+    stats = ca.compiled_autograd_stats()
+    assert (stats["captures"], stats["cache_hits"]) == (1, 2)   # nothing keyed by value
+
+
+def test_reentrant_checkpoint_compiles():
     from compiled_autograd.utils.checkpoint import checkpoint
-    x = ca.randn(3, requires_grad=True)
-    out = checkpoint(lambda t: t.exp(), x, use_reentrant=True).sum()
-    with pytest.raises(RuntimeError, match="use_reentrant=True\\) runs a nested backward"):
-        with ca.compiled_backward(backend=BACKEND):
+    runs = []
+
+    def segment(t):
+        runs.append(1)
+        return (t.exp() * t).sin()
+
+    def grads(compiled):
+        x = ca.tensor([0.5, -1.0, 2.0], requires_grad=True)
+        out = (checkpoint(segment, x, use_reentrant=True) * 2).sum()
+        with _maybe(compiled):
             out.backward()
+        return x.grad.numpy()
+    want = grads(False)
+    for _ in range(2):
+        runs.clear()
+        assert_matches(want, grads(True))
+        assert len(runs) == 2                 # the forward, and its recomputation
+    stats = ca.compiled_autograd_stats()
+    # The outer backward (its checkpoint node runs as Python) and the nested one
+    # (the recomputed segment's), each compiled once, then hits.
+    assert (stats["captures"], stats["cache_hits"]) == (2, 2)
 
 
 def test_custom_function_saved_values_are_released_after_a_compiled_backward():

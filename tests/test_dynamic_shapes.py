@@ -102,13 +102,19 @@ def test_dynamic_sweep_over_stack_dims_and_size_one(backend):
             assert_backend_matches(backend, x.grad.numpy(), expected.grad.numpy())
 
 
-# Its backward computes with a size: grad * (1.0 / grad.shape[-1]).
-PerRow = fuzz_ops._functions(ca)["per_row"]
+# Its backward computes with a size: grad * (1.0 / grad.shape[-1]). The Functions
+# below declare inline_backward (traced into prims): what they read of a size is
+# baked into the graph, which must then be specialised. (Run as Python, the
+# default, a backward reads the real sizes at every call: see the last test.)
+PerRow = fuzz_ops._functions(ca)["per_row_inline"]
+PerRowAsPython = fuzz_ops._functions(ca)["per_row"]
 
 
 class BySavedWidth(ca.autograd.Function):
     """Its backward computes with the size of a saved tensor that needs no
     gradient (so no returned gradient has that size)."""
+    inline_backward = True
+
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(w)
@@ -122,6 +128,8 @@ class BySavedWidth(ca.autograd.Function):
 
 class TwoOutputs(ca.autograd.Function):
     """With one output unused, its gradient is materialised as zeros."""
+    inline_backward = True
+
     @staticmethod
     def forward(ctx, x):
         return x * 2.0, x * 3.0
@@ -139,6 +147,8 @@ class TwoOutputsReadsWidth(TwoOutputs):
 
 class Double(ca.autograd.Function):
     """Its backward reads no size."""
+    inline_backward = True
+
     @staticmethod
     def forward(ctx, x):
         return x * 2.0
@@ -166,6 +176,16 @@ def test_a_custom_backward_that_computes_with_a_size_is_specialised(backend, dyn
     # Before: the graph traced at n=3 baked 1/3 and was reused at n=4 and 5.
     compiles = _sweep(backend, lambda x: (PerRow.apply(x) * x).sum(), (3, 4, 5), dynamic)
     assert compiles == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_custom_backward_run_as_python_reads_the_real_sizes(backend, dynamic):
+    # Not traced: nothing to specialise. One graph with dynamic sizes serves
+    # every size (the second size makes them dynamic when dynamic=False).
+    compiles = _sweep(backend, lambda x: (PerRowAsPython.apply(x) * x).sum(), (3, 4, 5),
+                      dynamic)
+    assert compiles == (1 if dynamic else 2)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

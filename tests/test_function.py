@@ -230,6 +230,8 @@ def test_a_ctx_attribute_that_is_also_a_leaf(backend):
     # The leaf's accumulation needs the Tensor (for .grad), the backward its
     # values: the compiled backward once handed the accumulation the array.
     class Scale(ca.autograd.Function):
+        inline_backward = True   # (its ctx attribute is lifted into the graph)
+
         @staticmethod
         def forward(ctx, x, w):
             ctx.w = w

@@ -123,6 +123,10 @@ def test_post_accumulate_grad_hook_sees_accumulated_grad():
 
 def _drops_y(m):
     class DropY(m.autograd.Function):
+        # Traced, so its None is in the graph from the first backward (run as
+        # Python, its first compiled backward would use zeros: test_call_backward).
+        inline_backward = True
+
         @staticmethod
         def forward(ctx, x, y):
             return x * y

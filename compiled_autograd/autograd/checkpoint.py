@@ -274,10 +274,6 @@ class _CheckpointFunction(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if any(type(g).__name__ == "Proxy" for g in grads):
-            raise RuntimeError("compiled autograd: checkpoint(use_reentrant=True) runs a "
-                               "nested backward and cannot be traced; use "
-                               "use_reentrant=False (the default)")
         task = current_graph_task()
         if task is not None and task.exec_info is not None:
             raise RuntimeError(

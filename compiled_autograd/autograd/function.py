@@ -14,6 +14,7 @@ import contextlib
 import numpy as np
 
 from compiled_autograd.autograd.dispatch import make_view
+from compiled_autograd.autograd.engine import validate
 from compiled_autograd.autograd.grad_mode import is_grad_enabled, no_grad
 from compiled_autograd.autograd.node import Node, SavedVariable, gradient_edge
 from compiled_autograd.autograd.tensor import Tensor
@@ -116,14 +117,25 @@ class FunctionBackward(Node):
         result = self._forward_cls.backward(self, *self._grads_in(grads))
         return self._grads_out(result, keep_tensors=create_graph)
 
+    # ---------------------------------------------------------- compiled autograd
+    #
+    # By default the user's backward stays Python: the compiled graph gets one
+    # ``call_backward`` node that calls it at run time (``backward_with``), with
+    # the saved values the graph unpacked. A Function whose class says
+    # ``inline_backward = True`` is traced into prims instead (``_traced``),
+    # falling back to the node when that fails.
+
     def compiled_args(self, args) -> None:
         args.collect(self._forward_cls)  # keyed by class identity
         args.collect(self.needs_input_grad)
         args.collect(self.materialize_grads)
-        args.collect_sizes(self._output_shapes(), owner=self)
-        for key, value in self._user_attrs():
-            # What backward reads from ctx is baked into the trace: key it by value.
-            args.collect((key, _freeze(value, args)))
+        args.collect_hook("call_backward", None, self)   # the ctx the node calls with
+        if self._forward_cls.inline_backward:
+            args.collect_sizes(self._output_shapes(), owner=self)
+            for key, value in self._user_attrs():
+                # What a traced backward reads from ctx is baked into the graph:
+                # key it by value.
+                args.collect((key, _freeze(value, args)))
         for sv in self.saved_variables():
             args.collect_saved(sv)
 
@@ -132,6 +144,20 @@ class FunctionBackward(Node):
                       if not k.startswith("_") and k not in _NODE_ATTRS)
 
     def apply_with_saved(self, grads, saved):
+        if self._forward_cls.inline_backward:
+            result = saved.inlined(self, lambda: self._traced(grads, saved))
+            if result is not None:
+                return result
+        values = [None if sv is None else saved.before(sv) for sv in (self._saved or ())]
+        try:
+            return saved.call_backward(self, values, grads)
+        finally:
+            for sv in self.saved_variables():
+                saved.after(sv)
+
+    def _traced(self, grads, saved):
+        """The user's backward run on ``saved``'s values (graph proxies when
+        tracing): its tensor operations are what the graph records."""
         self._swapped = tuple(None if sv is None else saved.before(sv)
                               for sv in (self._saved or ()))
         originals = dict(self._user_attrs())
@@ -147,6 +173,30 @@ class FunctionBackward(Node):
             self.__dict__.update(originals)
             for sv in self.saved_variables():
                 saved.after(sv)
+
+    def backward_with(self, saved, grads):
+        """Run the user's backward at run time on arrays a compiled graph gives:
+        ``saved`` (one per ``save_for_backward`` argument, None where it was None)
+        and the incoming gradients. Returns the gradient arrays, checked as
+        eager checks them (``validate``)."""
+        self._swapped = tuple(None if a is None else self._saved_tensor(sv, a)
+                              for sv, a in zip(self._saved, saved))
+        try:
+            result = self._forward_cls.backward(self, *self._grads_in(grads))
+        finally:
+            self._swapped = None
+        return tuple(validate(self, self._grads_out(result, keep_tensors=False)))
+
+    def _saved_tensor(self, sv, array):
+        """A saved value as the user's backward sees it: an output has this node
+        as its grad_fn, as eager's unpack gives it; an input requires grad if it
+        did (eager gives the input itself, which a compiled backward released)."""
+        t = Tensor._make(array)
+        if sv.is_output:
+            t._grad_fn, t._output_nr = self, sv._output_nr
+        elif sv._requires_grad:
+            t._requires_grad = True
+        return t
 
 
 _PLAIN = (int, float, str, bool, type(None))
@@ -192,7 +242,15 @@ class _FunctionMeta(type):
 
 class Function(metaclass=_FunctionMeta):
     """Subclass with static ``forward(ctx, *args)`` and ``backward(ctx, *grads)``,
-    then call ``MyFn.apply(*args)``."""
+    then call ``MyFn.apply(*args)``.
+
+    Under ``compiled_backward`` the backward runs as Python, at its place in the
+    backward, every time (a ``call_backward`` node). ``inline_backward = True``
+    declares it a pure function of ctx and its gradients: it is then traced into
+    the graph's prims (keyed by the values of ctx's attributes), and runs as
+    Python only where tracing it fails."""
+
+    inline_backward = False
 
     @staticmethod
     def forward(ctx, *args, **kwargs):

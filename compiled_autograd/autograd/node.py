@@ -384,19 +384,21 @@ class SavedVariable:
         self.released = False
         self._output_nr = tensor._output_nr
         self._grad_fn_name = grad_fn_name
+        # (What the unpacked value's requires_grad is, kept for a compiled
+        # backward's unpack, which happens after the value was released.)
+        self._requires_grad = tensor.requires_grad
         if is_output and tensor._grad_fn is not None:
             # Saving the output Tensor itself would make node -> tensor -> node.
             self._tensor = None
             self._data = tensor._data
-            self._requires_grad = True
         else:
             self._tensor = tensor
             self._data = None
-            self._requires_grad = False
 
     def _init_hooked(self, tensor, is_output, hooks):
         pack, unpack, self.packed_kind = hooks
         self.shape, self.dtype = tensor.shape, tensor.dtype
+        self._requires_grad = tensor.requires_grad
         # The layout the value had (bytes): a recomputation gives it again, so
         # compiled code may read the unpacked value in place (codegen.c).
         self.strides = tensor._data.strides

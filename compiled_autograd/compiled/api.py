@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import compiled_args, native_walk, tracer
+from compiled_autograd.compiled import compiled_args, hook_calls, native_walk, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
@@ -128,10 +128,11 @@ def _prepare(roots, input_edges, accumulate, record=True):
     return task, collected, collected.freeze()
 
 
-def _compile(task, roots, collected, key, context, n_captures, dynamic):
+def _compile(task, roots, collected, key, context, n_captures, dynamic, none_masks):
     start = time.perf_counter()
     with ShapeEnv() as env:
-        traced = tracer.trace(task, roots, collected, n_captures, frozenset(dynamic))
+        traced = tracer.trace(task, roots, collected, n_captures, frozenset(dynamic),
+                              none_masks)
         graph = traced.graph
         passes.eliminate_dead_code(graph)
         passes.place_reads(graph, context.unpack)
@@ -160,11 +161,27 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         collected.inputs.clear()    # the boxed list is their only owner: freed on last use
         # As eager: the backward (and the hooks it calls) runs without grad mode.
         # (The collected lists are the compiled function's own from here on.)
-        with set_grad_enabled(False), \
+        with set_grad_enabled(False), hook_calls.learning() as returned_nones, \
                 _memory.category("gradient") if _memory.active() else nullcontext():
-            out = entry.fn(inputs, collected.sizes, collected.scalars,
-                           collected.hooks, collected.packed_data)
+            try:
+                out = entry.fn(inputs, collected.sizes, collected.scalars,
+                               collected.hooks, collected.packed_data)
+            finally:
+                if returned_nones:
+                    _relearn(entry.key, task, returned_nones)
     return list(out) if out is not None else []
+
+
+def _relearn(cache_key, task, returned_nones):
+    """Custom backwards returned Nones unlike their graph: note which, and drop
+    the structure's graphs, so that the next backward is traced with them."""
+    family = families.get(cache_key)
+    if family is None:
+        return
+    with lock:
+        for ctx, none in returned_nones:
+            family.none_masks[task.index[ctx]] = none
+        family.entries.clear()
 
 
 def lookup(roots, input_edges, accumulate, context):
@@ -209,7 +226,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
             ensure_handler()
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, context,
-                             len(input_edges or ()), family.dynamic)
+                             len(input_edges or ()), family.dynamic, family.none_masks)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
     guards = list(guards) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]

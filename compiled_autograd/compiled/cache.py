@@ -13,7 +13,7 @@ import logging
 import operator
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compiled_autograd.ir.symbolic import guards_hold
 
@@ -63,6 +63,10 @@ class Family:
     entries: list           # (static (position, value) pairs, guards, CompiledBackward)
     last_sizes: tuple = ()
     compiler: object = None  # kept alive: its id is in the key
+    # node rank -> which gradients that custom Function's backward returned as
+    # None, learned at run time (``hook_calls.call_backward``); the tracer
+    # makes them None in the graph.
+    none_masks: dict = field(default_factory=dict)
 
     def lookup(self, sizes, scalars):
         for static, guards, entry in self.entries:

@@ -255,6 +255,18 @@ class SwapSavedVariables:
         reads of a traced shape is specialised (TraceSwap)."""
         return contextlib.nullcontext()
 
+    def inlined(self, node, trace):
+        """``trace()``: a custom Function's backward run on these values (it
+        declared itself traceable, ``inline_backward``). The tracer's subclass
+        returns None when that fails, and the node calls the backward instead."""
+        return trace()
+
+    def call_backward(self, node, values, grads):
+        """A custom Function's backward run as Python on ``values`` (its saved
+        values, as ``before`` gave them): here at once, in the tracer as a
+        ``call_backward`` node."""
+        return node.backward_with(values, grads)
+
     def scalar(self, owner, value):
         """The value a node's formula sees for a saved Python float."""
         return value

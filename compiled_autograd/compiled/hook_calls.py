@@ -6,6 +6,12 @@ call them (``CALL_HOOK[kind]``).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+import warnings
+
+import numpy as np
+
 from compiled_autograd.autograd.hooks import (check_hook_result,
                                               check_post_accumulate_grad_result, hook_name)
 from compiled_autograd.autograd.node import accumulate_into, checked_unpack
@@ -68,13 +74,72 @@ def post_hook(hook, n_inputs, *grads):
     return tuple(grad_inputs) if result is None else _replaced(result, grad_inputs, hook)
 
 
+def call_backward(ctx, takes, n_saved, *values):
+    """A custom Function's backward, run as Python: ``values`` are its saved
+    values (``n_saved`` of them), then its incoming gradients; ``takes[i]``:
+    the graph goes on with gradient ``i``.
+
+    Which gradients a backward returns as None is only known once it has run.
+    The graph is traced with the Nones it returned last time (at first: a
+    gradient for every input that requires grad). If it returns otherwise, this
+    backward uses zeros for a missing gradient and drops an unexpected one,
+    warns, and ``learning`` reports it: the next backward of this structure is
+    traced again with the Nones it returned."""
+    grads = ctx.backward_with(values[:n_saved], values[n_saved:])
+    if all((g is not None) == t for g, t in zip(grads, takes)):
+        return grads
+    fixed = list(grads)
+    missing, extra = [], []
+    for i, ((nxt, nr), t) in enumerate(zip(ctx.next_functions, takes)):
+        if t and grads[i] is None:
+            fixed[i] = np.zeros(*nxt.input_metadata[nr])
+            missing.append(i)
+        elif not t and grads[i] is not None:
+            fixed[i] = None
+            extra.append(i)
+    said = []
+    if missing:
+        said.append(f"returned None for gradient {_listed(missing)}, which its compiled graph "
+                    "goes on with: this backward used zeros there (eager autograd passes no "
+                    "gradient)")
+    if extra:
+        said.append(f"returned a gradient for input {_listed(extra)}, which was None when "
+                    "the graph was traced: this backward dropped it")
+    warnings.warn(f"compiled autograd: {ctx.name()} {'; and '.join(said)}. The next backward "
+                  "of this structure is traced again with the Nones it returned now.",
+                  RuntimeWarning, stacklevel=2)
+    seen = getattr(_learned, "seen", None)
+    if seen is not None:
+        seen.append((ctx, tuple(g is None for g in grads)))
+    return tuple(fixed)
+
+
+def _listed(positions):
+    return ", ".join(str(i) for i in positions)
+
+
+_learned = threading.local()
+
+
+@contextlib.contextmanager
+def learning():
+    """Collect (ctx, which gradients it returned as None) of every custom
+    backward that returned Nones unlike its graph, during one run."""
+    previous = getattr(_learned, "seen", None)
+    _learned.seen = seen = []
+    try:
+        yield seen
+    finally:
+        _learned.seen = previous
+
+
 def post_acc_grad_hook(hook, variable):
     check_post_accumulate_grad_result(hook(variable), variable)
 
 
 CALL_HOOK = {"unpack_hook": unpack_hook, "tensor_pre_hook": tensor_pre_hook,
              "pre_hook": pre_hook, "post_hook": post_hook,
-             "post_acc_grad_hook": post_acc_grad_hook,
+             "post_acc_grad_hook": post_acc_grad_hook, "call_backward": call_backward,
              # (variable, grad, owned=False): owned, the caller made grad and holds
              # no other use of it
              "accumulate_grad": accumulate_into}

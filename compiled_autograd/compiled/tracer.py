@@ -5,7 +5,9 @@ values), ``trace`` walks the autograd graph with ``Proxy`` gradients: each node'
    ``apply_with_saved`` runs its ordinary derivative formula, whose prim calls land
    in the graph; saved values come from ``getitem(inputs, i)`` or, under
    saved-tensor hooks, from a ``call_hook(unpack_hook)`` node; hooks and gradient
-   accumulation become ``call_hook`` nodes, in the order eager runs them.
+   accumulation become ``call_hook`` nodes, in the order eager runs them, and so
+   does a custom Function's backward (``call_backward``: it runs as Python) unless
+   the Function declared it traceable (``inline_backward``).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import contextlib
 import numpy as np
 
 from compiled_autograd.autograd import engine
+from compiled_autograd.compiled.cache import ensure_handler, log, log_flags
 from compiled_autograd.compiled.compiled_args import (INDEX_PARAMS, CompiledNodeArgs,
                                                       SwapSavedVariables, node_hooks)
 from compiled_autograd.ir import graph as ir
@@ -87,8 +90,10 @@ class Proxy(Tensor):
 class Tracer:
     """Builds the graph; knows where each runtime value sits in the boxed lists."""
 
-    def __init__(self, collected: CompiledNodeArgs, n_roots: int, dynamic=frozenset()):
+    def __init__(self, collected: CompiledNodeArgs, n_roots: int, dynamic=frozenset(),
+                 none_masks=None):
         self.graph = Graph()
+        self.none_masks = none_masks or {}   # see cache.Family.none_masks
         self.collected = collected
         self.n_roots = n_roots
         self.dynamic = dynamic      # positions in ``sizes`` that are symbolic
@@ -221,6 +226,18 @@ class Tracer:
             p = self._proxies[where] = Proxy(self, node)
         return p
 
+    def mark(self):
+        """The state ``rewind`` returns to."""
+        return len(self.graph.nodes), len(self.constants), dict(self._proxies)
+
+    def rewind(self, mark) -> None:
+        """Drop every node, constant and proxy made since ``mark``."""
+        n_nodes, n_constants, proxies = mark
+        for node in reversed(self.graph.nodes[n_nodes:]):
+            self.graph.erase_node(node)
+        del self.constants[n_constants:]
+        self._proxies = proxies
+
     def next_hook(self, hook):
         """The getitem of the next unused slot holding ``hook``."""
         slots = self.collected.slot[("hook", id(hook))]
@@ -275,6 +292,44 @@ class TraceSwap(SwapSavedVariables):
         finally:
             self.tracer.user_code -= 1
 
+    def inlined(self, node, trace):
+        """The traced backward of a Function that declared ``inline_backward``;
+        None, with the graph as it was, when tracing it fails (it reads values,
+        mutates, raises...): the caller then records a call_backward node,
+        which runs the same code at run time (and raises there, in eager's order,
+        if it really is an error)."""
+        tracer = self.tracer
+        mark = tracer.mark()
+        try:
+            return trace()
+        except Exception as e:   # noqa: BLE001 -- any failure: run it as Python
+            tracer.rewind(mark)
+            if "verbose" in log_flags():
+                ensure_handler()
+                log.info(f"{node.name()}: inline_backward could not be traced "
+                         f"({type(e).__name__}: {e}); it runs as Python (call_backward)")
+            return None
+
+    def call_backward(self, node, values, grads):
+        tracer = self.tracer
+        # A gradient for every edge, but where the backward returned None last time.
+        none = tracer.none_masks.get(self.task.index.get(node), ())
+        takes = tuple(nxt is not None and not (i < len(none) and none[i])
+                      for i, (nxt, _) in enumerate(node.next_functions))
+        args = (tracer.next_hook(node), takes, len(values))
+        args += tuple(None if v is None else v.node for v in values)
+        args += tuple(None if g is None else g.node for g in grads)
+        call = tracer.call_hook("call_backward", args)
+        shapes = self.sizes(("validate", id(node)), engine.expected_shapes(node))
+        outputs = []
+        for i, ((nxt, nr), shape) in enumerate(zip(node.next_functions, shapes)):
+            if not takes[i]:
+                outputs.append(None)
+            else:
+                item = tracer.getitem(call, i, shape, nxt.input_metadata[nr][1], name="grad")
+                outputs.append(tracer.proxy(item))
+        return tuple(outputs)
+
     def scalar(self, owner, value):
         return self.tracer.scalar(owner, value)
 
@@ -288,10 +343,11 @@ class TraceSwap(SwapSavedVariables):
 
 # -------------------------------------------------------------- the walk
 
-def trace(task, roots, collected, captured_count, dynamic=frozenset()):
+def trace(task, roots, collected, captured_count, dynamic=frozenset(), none_masks=None):
     """The graph of this backward (roots' gradients are ``inputs[0..n)``); sizes at
-    the ``dynamic`` positions are symbolic."""
-    tracer = Tracer(collected, len(roots), dynamic)
+    the ``dynamic`` positions are symbolic; ``none_masks``: the gradients custom
+    backwards returned as None (by node rank)."""
+    tracer = Tracer(collected, len(roots), dynamic, none_masks)
     root_proxies = []
     for i, ((fn, nr), g) in enumerate(roots):
         (shape,) = tracer.sizes(("root", i), (np.shape(g),))
