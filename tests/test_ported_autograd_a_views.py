@@ -313,29 +313,3 @@ def test_inplace_view_weak_grad_fn(mode):
         del b
         with under(mode):
             c.sum().backward(ca.ones(1, requires_grad=True))
-
-
-# torch: test_autograd.py::TestAutograd::test_version_counter
-# (without its `x.data = ...` part: ca has no .data)
-def test_version_counter():
-    x = ca.randn(1, 2)
-
-    # In-place op bumps version
-    x_saved_version = x._version
-    x.add_(1).add_(1)
-    assert x._version > x_saved_version
-
-    # Differentiable view shares version counter
-    xz = x[:]
-    assert x._version == xz._version
-    xz.add_(1)
-    assert x._version == xz._version
-
-    x_saved_version = x._version
-    x.add_(1)
-    assert x._version > x_saved_version
-    assert x._version == xz._version
-
-    # In-place op on `xz` also updates version of `x`
-    xz.add_(1)
-    assert x._version == xz._version
