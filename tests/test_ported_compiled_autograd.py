@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from ported import mode, under  # noqa: F401  (the mode fixture)
 from ported_ca import CA_BACKENDS, check_output_and_recompiles, compiler
 
 nn = ca.nn
