@@ -59,6 +59,17 @@ class category:
         return False
 
 
+def thread_state():
+    """This thread's category stack and source (for a thread continuing its work)."""
+    return list(getattr(_state, "stack", None) or ()), getattr(_state, "source", None)
+
+
+def set_thread_state(state) -> None:
+    """Install another thread's ``thread_state()`` on this one."""
+    stack, _state.source = state
+    _state.stack = list(stack)
+
+
 def current_category() -> str:
     stack = getattr(_state, "stack", None)
     return stack[-1] if stack else _default_category()

@@ -27,6 +27,7 @@ import weakref
 from collections import defaultdict
 
 from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.checkpoint_debug import DebugLogs
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd import random as _random
 from compiled_autograd.autograd.engine import backward as _backward
@@ -51,6 +52,14 @@ class CheckpointPolicy(enum.Enum):
 
 
 _EARLY_STOP = [True]
+_DEBUG = [None]
+
+_DEBUG_TIP = """
+Tip: To see a more detailed error message, either pass `debug=True` to
+`torch.utils.checkpoint.checkpoint(...)` or wrap the code block
+with `with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):` to
+enable checkpoint-debug mode globally.
+"""
 
 
 @contextlib.contextmanager
@@ -62,6 +71,18 @@ def set_checkpoint_early_stop(enable: bool):
         yield
     finally:
         _EARLY_STOP[0] = prev
+
+
+@contextlib.contextmanager
+def set_checkpoint_debug_enabled(enabled):
+    """Whether checkpoints made inside explain a non-deterministic recomputation with
+    the operators of both runs; overrides ``checkpoint(debug=...)``, None defers to it."""
+    prev = _DEBUG[0]
+    _DEBUG[0] = enabled
+    try:
+        yield
+    finally:
+        _DEBUG[0] = prev
 
 
 def _metadata(x):
@@ -90,8 +111,10 @@ class _StopRecomputation(Exception):
 class _Frame:
     """The state of one checkpointed call, shared by its hooks."""
 
-    def __init__(self, recompute_fn, early_stop, check_metadata, input_roots=frozenset()):
+    def __init__(self, recompute_fn, early_stop, check_metadata, input_roots=frozenset(),
+                 debug_logs=None):
         self.recompute_fn = recompute_fn
+        self.debug_logs = debug_logs     # DebugLogs under debug=True
         self.input_roots = input_roots   # ids of the inputs' storages (kept anyway)
         self.early_stop = early_stop
         self.check_metadata = check_metadata
@@ -112,7 +135,8 @@ class _Frame:
                 "torch.utils.checkpoint: A different number of tensors was saved during the "
                 "original forward and recomputation.\n"
                 f"Number of tensors saved during forward: {len(self.weak_holders)}\n"
-                f"Number of tensors saved during recomputation: {self.recomp_counter[gid]}")
+                f"Number of tensors saved during recomputation: {self.recomp_counter[gid]}.\n"
+                f"{_DEBUG_TIP}")
         if not self.check_metadata:
             return
         different = []
@@ -128,7 +152,7 @@ class _Frame:
                              f"recomputed metadata: {b}\n" for i, a, b in different)
             raise CheckpointError("torch.utils.checkpoint: Recomputed values for the following "
                                   "tensors have different metadata than during the forward "
-                                  f"pass.\n{detail}")
+                                  f"pass.\n{detail}.\n{_DEBUG_TIP}")
 
 
 class _RecomputationHooks(saved_tensors_hooks):
@@ -148,7 +172,7 @@ class _RecomputationHooks(saved_tensors_hooks):
                     return x
                 raise CheckpointError("torch.utils.checkpoint: trying to save more tensors "
                                       "during recomputation than during the original forward "
-                                      "pass.")
+                                      f"pass.\n{_DEBUG_TIP}")
             holder = frame.weak_holders[idx]()
             if holder is not None:  # else that saved value is no longer needed
                 handle = _Handle()
@@ -200,7 +224,13 @@ class _CheckpointHooks(saved_tensors_hooks):
             holder.handles[gid] = None  # the only strong reference to the handle
             return value
 
-        super().__init__(pack, unpack)
+        def unpack_explained(holder):
+            try:
+                return unpack(holder)
+            except CheckpointError as e:
+                raise CheckpointError(frame.debug_logs.message()) from e
+
+        super().__init__(pack, unpack if frame.debug_logs is None else unpack_explained)
 
 
 @contextlib.contextmanager
@@ -234,6 +264,12 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=_noop_contexts,
         if kwargs:
             raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
         return _checkpoint_reentrant(function, preserve_rng_state, *args)
+    debug_logs = None
+    if _DEBUG[0] if _DEBUG[0] is not None else debug:
+        if context_fn is not _noop_contexts:
+            raise ValueError("debug=True is incompatible with non-default context_fn")
+        debug_logs = DebugLogs()
+        context_fn = debug_logs.contexts
     forward_ctx, recompute_ctx = context_fn()
     rng_state = _random.get_rng_state() if preserve_rng_state else None
     grad_was_enabled = is_grad_enabled()
@@ -252,7 +288,8 @@ def checkpoint(function, *args, use_reentrant=False, context_fn=_noop_contexts,
 
     roots = frozenset(id(args[i]._base if args[i]._base is not None else args[i])
                       for i in positions)
-    frame = _Frame(recompute, _EARLY_STOP[0], determinism_check == "default", roots)
+    frame = _Frame(recompute, _EARLY_STOP[0], determinism_check == "default", roots,
+                   debug_logs)
     with _CheckpointHooks(frame), forward_ctx:
         out = function(*args, **kwargs)
     frame.forward_completed = True

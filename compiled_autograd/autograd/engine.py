@@ -1,4 +1,5 @@
-"""The eager autograd engine (torch's engine.cpp, single-threaded).
+"""The eager autograd engine (torch's engine.cpp; one backward runs on one thread, but a
+deeply nested reentrant backward moves to a fresh thread, see reentrant.py).
 
 1. Roots: each output's gradient edge and its initial gradient (checked up front).
 2. Dependencies: the number of edges into each node reachable from the roots.
@@ -29,6 +30,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from compiled_autograd.autograd import hooks as _hooks
+from compiled_autograd.autograd import reentrant as _reentrant
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
 from compiled_autograd.autograd.node import accumulate_into, gradient_edge
 from compiled_autograd.autograd.tensor_base import TensorBase
@@ -333,7 +335,29 @@ def capture(task, fn, grads, captured, run_tensor_hooks):
 def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True, make=None):
     """Run a backward from ``roots`` [((node, input_nr), grad)]. With
     ``input_edges``, returns the captured gradients at those edges. ``make``:
-    Tensor._make, for what user hooks see."""
+    Tensor._make, for what user hooks see.
+
+    A reentrant backward (called while one runs on this thread) counts towards this
+    thread's depth; past a limit it runs on a fresh thread (reentrant.py, torch's
+    max_recursion_depth), which continues this thread's running graph tasks and
+    compiler stack."""
+    if current_graph_task() is not None:
+        if _reentrant.hop_needed():
+            tasks = list(_running.stack)
+            compilers = list(getattr(_compilers, "stack", None) or ())
+
+            def install():
+                _running.stack = list(tasks)
+                _compilers.stack = list(compilers)
+
+            return _reentrant.on_fresh_thread(lambda: execute(
+                roots, keep_graph, create_graph, input_edges, accumulate, make), install)
+        with _reentrant.nested():
+            return _execute(roots, keep_graph, create_graph, input_edges, accumulate, make)
+    return _execute(roots, keep_graph, create_graph, input_edges, accumulate, make)
+
+
+def _execute(roots, keep_graph, create_graph, input_edges, accumulate, make):
     task = make_task(roots, keep_graph, create_graph, input_edges, accumulate, make=make)
     # Validate before anything runs: the errors below change nothing.
     for fn in task.nodes:

@@ -295,8 +295,11 @@ class Function(metaclass=_FunctionMeta):
         # An input returned as-is and saved is saved as the input it is.
         produced = {id(o): w for o, w in zip(outs, wrapped)
                     if isinstance(o, Tensor) and id(o) not in inputs}
-        ctx._saved = tuple(_save(t, produced, ctx) for t in ctx._to_save)
-        ctx._to_save = ()
+        # Let go of what forward asked to save before saving it: a pack hook that
+        # raises (checkpoint's early stop does) must not leave ctx -> _to_save ->
+        # output -> ctx, a cycle only gc.collect() frees (torch clears to_save).
+        to_save, ctx._to_save = ctx._to_save, ()
+        ctx._saved = tuple(_save(t, produced, ctx) for t in to_save)
         return wrapped[0] if single else tuple(wrapped)
 
 

@@ -15,6 +15,18 @@ def _stack():
     return stack
 
 
+def thread_state():
+    """This thread's hook stack and disabling message (for a thread that continues
+    this thread's work: the engine's reentrant backward on a fresh thread)."""
+    return list(_stack()), getattr(_state, "disabled", None)
+
+
+def set_thread_state(state) -> None:
+    """Install ``thread_state()`` of another thread on this one."""
+    stack, _state.disabled = state
+    _state.stack = list(stack)
+
+
 def current_hooks():
     """The innermost (pack, unpack, kind) triple, or None. Hot path: keep it cheap."""
     stack = getattr(_state, "stack", None)
