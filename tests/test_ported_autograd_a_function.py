@@ -231,7 +231,6 @@ def test_mark_non_differentiable(mode):
 
 # torch: test_autograd.py::TestAutograd::test_mark_non_differentiable_mixed
 def test_mark_non_differentiable_mixed(mode, request):
-    mark_compiled_xfail(request, mode, TRACED + " (.numpy() of a gradient inside it)")
     checks = []
 
     class MyFunction(Function):

@@ -222,7 +222,6 @@ def test_custom_autograd_no_early_free(mode):
 
 # torch: test_autograd.py::TestAutograd::test_simple_reentrant
 def test_simple_reentrant(mode, request):
-    mark_compiled_xfail(request, mode, TRACED + " (a reentrant backward inside it)")
     y_data = ca.randn(2, 2)
 
     class Reenter(Function):

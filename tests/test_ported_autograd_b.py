@@ -81,14 +81,7 @@ class DeepReentrant(Function):
 
 
 # torch: test_autograd.py::TestAutograd::test_deep_reentrant
-def test_deep_reentrant(mode, request):
-    if mode == "engine":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, raises=RecursionError,
-            reason="difference: reentrant backwards nest on the Python stack "
-                   "(RecursionError near depth 200); torch's engine moves deep "
-                   "reentrant calls to a new thread"))
-    xfail_compiled(request, mode)
+def test_deep_reentrant(mode):
     # Test stack overflow escape mechanism
     v = ca.tensor(2000.0, requires_grad=True)
     with under(mode):
@@ -104,7 +97,6 @@ def test_deep_reentrant(mode, request):
 
 # torch: test_autograd.py::TestAutograd::test_reentrant_priority
 def test_reentrant_priority(mode, request):
-    xfail_compiled(request, mode)
     order = []
 
     class MyFunction(Function):
@@ -244,7 +236,7 @@ def test_reentrant_with_non_leaf_variable_hook(mode):
 
 # torch: test_autograd.py::TestAutograd::test_grad_mode_restored_reentrant
 def test_grad_mode_restored_reentrant(mode, request):
-    xfail_compiled(request, mode)
+    xfail_compiled(request, mode, CREATE_GRAPH)   # (its second backward)
     seen = []
 
     class MyFunction(Function):

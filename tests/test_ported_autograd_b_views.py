@@ -197,8 +197,6 @@ def test_autograd_simple_views_python_refused(fn_id, inplace, make_view, request
                          [c for c in SIMPLE_VIEWS
                           if not (c[1] and (c[2] or c[0] == "view_of_temp"))])
 def test_autograd_simple_views_python(fn_id, inplace, make_view, mode, request):
-    if fn_id != "one_output":    # (.item() in IdTwoOutput's backward, copy_ in ViewOfTemp's)
-        xfail_compiled(request, mode, CALL_BACKWARD)
     fn = simple_views_fn(fn_id, inplace, make_view)
     a = ca.ones(2, dtype=np.float64, requires_grad=True)
     b = ca.ones(2, dtype=np.float64, requires_grad=True)
@@ -217,7 +215,6 @@ def test_autograd_simple_views_python(fn_id, inplace, make_view, mode, request):
 # torch: test_autograd.py::TestAutograd::test_autograd_complex_views_python
 # (torch 2.13 refuses `out += 1`, where the 2020 version expected one warning)
 def test_autograd_complex_views_python(mode, request):
-    xfail_compiled(request, mode, CALL_BACKWARD)     # (copy_ in its backward)
     bw_called = [0]
 
     class ComplexView(Function):

@@ -114,8 +114,6 @@ def test_custom_fn_saved_multiple_tensors_dedup(backend):
 
 # torch: test_compiled_autograd.py::TestCompiledAutograd::test_custom_fn_saved_shape_tensor
 def test_custom_fn_saved_shape_tensor(backend, request):
-    call_backward_xfail(request, "a traced backward reading x.shape[0] is specialised per size "
-                                 "(5 graphs); torch runs it at every backward (2)")
 
     def fn():
         class MyFn(ca.autograd.Function):
@@ -141,8 +139,6 @@ def test_custom_fn_saved_shape_tensor(backend, request):
 
 # torch: test_compiled_autograd.py::TestCompiledAutograd::test_custom_fn_saved_attr
 def test_custom_fn_saved_attr(backend, request):
-    call_backward_xfail(request, "ctx.shape is part of the key of a traced backward "
-                                 "(5 graphs); torch runs it at every backward (2)")
 
     def fn():
         class MyFn(ca.autograd.Function):
@@ -325,8 +321,6 @@ def test_custom_fn_dynamically_defined_class(backend):
 # (torch counts [2 captures, 6 compiles]: dynamo breaks the graph at each print;
 # here the side effect itself: the backward prints at every backward)
 def test_custom_fn_bw_graph_break(backend, capsys, request):
-    call_backward_xfail(request, "the backward's print runs once per trace (2), "
-                                 "not once per backward (6)")
 
     def fn():
         class MySin(ca.autograd.Function):
@@ -505,8 +499,6 @@ class CppSavedInt(ca.autograd.Function):
 
 # torch: test_compiled_autograd.py::TestCompiledAutograd::test_autograd_cpp_node_saved_int
 def test_autograd_cpp_node_saved_int(backend, request):
-    call_backward_xfail(request, "the int saved on ctx is part of the key of a traced "
-                                 "backward (3 graphs); torch: 1")
 
     def fn():
         for y in [1, 2, 3, 1]:
@@ -536,8 +528,6 @@ class CppSavedFloat(ca.autograd.Function):
 # torch: test_compiled_autograd.py::TestCompiledAutograd::test_autograd_cpp_node_saved_float
 # (torch: [1 capture, 3 compiles], its backend does not take symfloats)
 def test_autograd_cpp_node_saved_float(backend, request):
-    call_backward_xfail(request, "the float saved on ctx is part of the key of a traced "
-                                 "backward (3 graphs); torch captures 1")
 
     def fn():
         for z in [1.1, 2.2, 3.3, 1.1]:
@@ -554,8 +544,6 @@ def test_autograd_cpp_node_saved_float(backend, request):
 # (torch's C++ Function recompiles for a new ctx->saved_data entry: 3 graphs; the same
 # Function in Python recompiles only for set_materialize_grads(False): 2 in torch 2.13)
 def test_autograd_cpp_node_data_dependent(backend, request):
-    call_backward_xfail(request, "a new ctx attribute is part of the key of a traced "
-                                 "backward (3 graphs); torch, for a Python Function: 2")
     iteration = [0]
 
     class CppDataDependent(ca.autograd.Function):
@@ -654,8 +642,6 @@ class Model106555(nn.Module):
 # (CUDA and a compiled forward in torch; here small, on CPU: a reentrant checkpoint
 # around two blocks with transposes, ten steps)
 def test_issue106555(backend, request):
-    call_backward_xfail(request, "checkpoint(use_reentrant=True) cannot be traced (its "
-                                 "backward runs a nested backward)")
 
     def fn():
         n = 8

@@ -335,26 +335,29 @@ def capture(task, fn, grads, captured, run_tensor_hooks):
 def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True, make=None):
     """Run a backward from ``roots`` [((node, input_nr), grad)]. With
     ``input_edges``, returns the captured gradients at those edges. ``make``:
-    Tensor._make, for what user hooks see.
+    Tensor._make, for what user hooks see."""
+    return _reentrant_aware(lambda: _execute(roots, keep_graph, create_graph, input_edges,
+                                             accumulate, make))
 
-    A reentrant backward (called while one runs on this thread) counts towards this
-    thread's depth; past a limit it runs on a fresh thread (reentrant.py, torch's
-    max_recursion_depth), which continues this thread's running graph tasks and
-    compiler stack."""
-    if current_graph_task() is not None:
-        if _reentrant.hop_needed():
-            tasks = list(_running.stack)
-            compilers = list(getattr(_compilers, "stack", None) or ())
 
-            def install():
-                _running.stack = list(tasks)
-                _compilers.stack = list(compilers)
+def _reentrant_aware(run):
+    """``run()``: one backward, eager or compiled. A reentrant backward (called
+    while one runs on this thread) counts towards this thread's depth; past a
+    limit it runs on a fresh thread (reentrant.py, torch's max_recursion_depth),
+    which continues this thread's running graph tasks and compiler stack."""
+    if current_graph_task() is None:
+        return run()
+    if _reentrant.hop_needed():
+        tasks = list(_running.stack)
+        compilers = list(getattr(_compilers, "stack", None) or ())
 
-            return _reentrant.on_fresh_thread(lambda: execute(
-                roots, keep_graph, create_graph, input_edges, accumulate, make), install)
-        with _reentrant.nested():
-            return _execute(roots, keep_graph, create_graph, input_edges, accumulate, make)
-    return _execute(roots, keep_graph, create_graph, input_edges, accumulate, make)
+        def install():
+            _running.stack = list(tasks)
+            _compilers.stack = list(compilers)
+
+        return _reentrant.on_fresh_thread(lambda: _reentrant_aware(run), install)
+    with _reentrant.nested():
+        return run()
 
 
 def _execute(roots, keep_graph, create_graph, input_edges, accumulate, make):
@@ -455,7 +458,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     make = next((t._make for t in tensors), None)   # (no roots: no hook runs)
     if inputs is None:
         if compiler is not None:
-            compiler.run(roots, retain_graph)
+            _reentrant_aware(lambda: compiler.run(roots, retain_graph))
         else:
             execute(roots, retain_graph, create_graph, make=make)
         return
@@ -468,7 +471,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         if not t.is_leaf and not t.retains_grad:
             t.retain_grad()
     if compiler is not None:
-        compiler.run(roots, retain_graph, edges, accumulate=True)
+        _reentrant_aware(lambda: compiler.run(roots, retain_graph, edges, accumulate=True))
     else:
         execute(roots, retain_graph, create_graph, edges, accumulate=True, make=make)
 
@@ -487,7 +490,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     roots = make_root_grads(outputs, grad_outputs, create_graph)
     edges = edges_of(inputs, "inputs")
     if compiler is not None:
-        captured = compiler.run(roots, retain_graph, edges, accumulate=False)
+        captured = _reentrant_aware(lambda: compiler.run(roots, retain_graph, edges,
+                                                         accumulate=False))
     else:
         captured = execute(roots, retain_graph, create_graph, edges, accumulate=False,
                            make=next((t._make for t in outputs), None))

@@ -115,7 +115,11 @@ class FunctionBackward(Node):
     def apply(self, grads, needs=None):
         create_graph = any(isinstance(g, Tensor) for g in grads)
         result = self._forward_cls.backward(self, *self._grads_in(grads))
-        return self._grads_out(result, keep_tensors=create_graph)
+        out = self._grads_out(result, keep_tensors=create_graph)
+        # Which gradients it returned as None: a compiled backward's graph is
+        # traced with them (compiled.api runs a structure's first backward eagerly).
+        self._returned_none = tuple(g is None for g in out)
+        return out
 
     # ---------------------------------------------------------- compiled autograd
     #

@@ -41,6 +41,8 @@ class CompiledBackward:
     key: tuple
     unpack: str
     packed_kinds: list = None
+    # node rank -> which gradients its call_backward node gives the graph
+    backward_calls: dict = None
 
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
@@ -142,13 +144,20 @@ def _compile(task, roots, collected, key, context, n_captures, dynamic, none_mas
     stats["compile_seconds"] += time.perf_counter() - start
     log_event("graph", f"compiled autograd graph {stats['captures']}:\n{graph}")
     return CompiledBackward(graph, fn, traced.constants, key, context.unpack,
-                            packed_kinds(collected)), env.guards
+                            packed_kinds(collected), traced.backward_calls), env.guards
 
 
 def run(roots, retain_graph, input_edges, accumulate, context):
     """Run a backward through compiled autograd as ``context`` (the
     compiled_backward in force) says. Returns the captured gradients (arrays) at ``input_edges``."""
     task, collected, entry = lookup(roots, input_edges, accumulate, context)
+    family = families.get(entry.key)
+    if entry.backward_calls and family is not None and not family.nones_seen:
+        # Custom backwards run as Python: which gradients they return as None is
+        # known once they ran. The structure's first backward runs eagerly, and
+        # its graph is traced again if they returned otherwise than it assumed.
+        family.nones_seen = True
+        return _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry)
     if not retain_graph:
         # The boxed lists become the only owners of the saved values: release them
         # (a prim node holds nothing else), and whatever other nodes hold.
@@ -170,6 +179,22 @@ def run(roots, retain_graph, input_edges, accumulate, context):
                 if returned_nones:
                     _relearn(entry.key, task, returned_nones)
     return list(out) if out is not None else []
+
+
+def _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry):
+    """This backward on the eager engine, noting which gradients its custom
+    backwards returned as None (``FunctionBackward.apply``)."""
+    captured = engine.execute(roots, retain_graph, False, input_edges, accumulate,
+                              make=Tensor._make)
+    returned = []
+    for fn, rank in task.index.items():
+        takes = entry.backward_calls.get(rank)
+        none = fn.__dict__.get("_returned_none")
+        if takes is not None and none is not None and none != tuple(not t for t in takes):
+            returned.append((fn, none))
+    if returned:
+        _relearn(entry.key, task, returned)
+    return list(captured)
 
 
 def _relearn(cache_key, task, returned_nones):

@@ -67,6 +67,7 @@ class Family:
     # None, learned at run time (``hook_calls.call_backward``); the tracer
     # makes them None in the graph.
     none_masks: dict = field(default_factory=dict)
+    nones_seen: bool = False   # a backward of this structure ran eagerly to learn them
 
     def lookup(self, sizes, scalars):
         for static, guards, entry in self.entries:

@@ -94,6 +94,7 @@ class Tracer:
                  none_masks=None):
         self.graph = Graph()
         self.none_masks = none_masks or {}   # see cache.Family.none_masks
+        self.backward_calls: dict = {}       # node rank -> gradients its call_backward gives
         self.collected = collected
         self.n_roots = n_roots
         self.dynamic = dynamic      # positions in ``sizes`` that are symbolic
@@ -316,6 +317,7 @@ class TraceSwap(SwapSavedVariables):
         none = tracer.none_masks.get(self.task.index.get(node), ())
         takes = tuple(nxt is not None and not (i < len(none) and none[i])
                       for i, (nxt, _) in enumerate(node.next_functions))
+        tracer.backward_calls[self.task.index.get(node)] = takes
         args = (tracer.next_hook(node), takes, len(values))
         args += tuple(None if v is None else v.node for v in values)
         args += tuple(None if g is None else g.node for g in grads)
