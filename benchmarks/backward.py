@@ -2,7 +2,11 @@
 (interpreter), "python" (generated code) and "c" (generated C) backends, and torch's
 eager autograd,
 on the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16 elements), the
-large MLP (8 x 1024, batch 256) and the transformer (4 layers, d_model 128);
+large MLP (8 x 1024, batch 256), the transformer (4 layers, d_model 128), and an
+MLP of custom Functions (8 x 64, batch 32: a custom tanh saving its output, written
+once for ca and torch) whose backward runs as Python (``custom_fn_python``: a
+call_backward node) or is traced into the graph (``custom_fn_inlined``:
+``inline_backward = True``);
 medians, at 1 thread and at the default thread count (each in a fresh process,
 since BLAS threads are fixed at start-up). Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
@@ -24,7 +28,8 @@ import subprocess
 import sys
 import time
 
-CASES = ("small_mlp", "chain", "large_mlp", "transformer")
+CASES = ("small_mlp", "chain", "large_mlp", "transformer", "custom_fn_python",
+         "custom_fn_inlined")
 
 
 def _chain(lib):
@@ -42,12 +47,45 @@ def _chain(lib):
     return loss, [x]
 
 
+def _custom_fn(lib, inline):
+    """8 layers of ``Tanh.apply(h @ w)``, Tanh a custom Function saving its output;
+    ``inline``: it declares inline_backward (torch ignores the attribute)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    ws = [lib.tensor((rng.standard_normal((64, 64)) * 0.2).astype(np.float32),
+                     requires_grad=True) for _ in range(8)]
+    x = lib.tensor(rng.standard_normal((32, 64)).astype(np.float32))
+
+    class Tanh(lib.autograd.Function):
+        inline_backward = inline
+
+        @staticmethod
+        def forward(ctx, h):
+            y = h.tanh()
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g * (1.0 - y * y)
+
+    def loss():
+        h = x
+        for w in ws:
+            h = Tanh.apply(h @ w)
+        return (h * h).mean()
+    return loss, ws
+
+
 def _torch_setup(case):
     import torch
     from compiled_autograd.examples import build
     F = torch.nn.functional
     if case == "chain":
         return _chain(torch)
+    if case.startswith("custom_fn"):
+        return _custom_fn(torch, case.endswith("inlined"))
     name = "mlp" if "mlp" in case else "transformer"
     sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
              "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
@@ -97,6 +135,8 @@ def _ca_setup(case):
     from compiled_autograd.examples import build
     if case == "chain":
         return _chain(ca)
+    if case.startswith("custom_fn"):
+        return _custom_fn(ca, case.endswith("inlined"))
     sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
              "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
     ex = build("mlp" if "mlp" in case else "transformer", **sizes)

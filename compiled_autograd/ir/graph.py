@@ -25,7 +25,7 @@ from runtime.prims import PRIMS
 
 OPS = ("placeholder", "call_function", "call_hook", "output")
 HOOK_KINDS = ("unpack_hook", "tensor_pre_hook", "pre_hook", "post_hook",
-              "post_acc_grad_hook", "accumulate_grad")
+              "post_acc_grad_hook", "accumulate_grad", "call_backward")
 BOXED = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 STRUCTURAL = ("getitem",)  # call_function targets that are not prims
 

@@ -1,0 +1,319 @@
+"""A custom Function's backward under compiled_backward: by default one
+``call_hook[call_backward]`` node that runs the user's Python at run time (as
+torch's compiled autograd does); with ``inline_backward = True``, traced into prims.
+
+Every test runs on each backend and compares with eager autograd on the same
+program: gradients, how many times the backward ran, and the order of everything
+it and the hooks did."""
+import contextlib
+import logging
+import warnings
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.autograd import Function
+from helpers import BACKENDS, assert_backend_matches
+
+pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
+
+
+def _maybe(backend):
+    return ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext()
+
+
+def _logged_square(log):
+    class LoggedSquare(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            log.append("node")
+            return g * 2 * x
+    return LoggedSquare
+
+
+def _run_logged(backend, log):
+    fn = _logged_square(log)
+    x = ca.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = fn.apply(x)
+    y.register_hook(lambda g: log.append("y_tensor_hook"))
+    y.grad_fn.register_prehook(lambda g: log.append("y_pre_hook"))
+    y.grad_fn.register_hook(lambda gi, go: log.append("y_post_hook"))
+    x.register_hook(lambda g: log.append("x_tensor_hook"))
+    x.register_post_accumulate_grad_hook(lambda t: log.append("x_post_acc_grad_hook"))
+    with _maybe(backend):
+        (y * y).sum().backward()
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_side_effects_run_at_every_backward_in_eagers_order(backend):
+    want_log = []
+    want = _run_logged(None, want_log)
+    assert want_log == ["y_tensor_hook", "y_pre_hook", "node", "y_post_hook",
+                        "x_tensor_hook", "x_post_acc_grad_hook"]   # torch's order
+    for _ in range(3):
+        log = []
+        assert_backend_matches(backend, want, _run_logged(backend, log))
+        assert log == want_log
+    # (the same class each time would hit from the second call: here each run
+    # defines its own, so each is a new structure; see the next test for hits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cache_hit_runs_the_backward_again(backend):
+    calls = []
+    fn = _logged_square(calls)
+    for i in range(4):
+        x = ca.tensor([1.0, 2.0 + i], requires_grad=True)
+        with _maybe(backend):
+            fn.apply(x * 3.0).sum().backward()
+        assert_backend_matches(backend, [18.0, 18.0 * (2 + i)], x.grad.numpy())
+    assert len(calls) == 4
+    stats = ca.compiled_autograd_stats()
+    assert (stats["captures"], stats["cache_hits"]) == (1, 3)   # (the first ran eagerly)
+
+
+class ReadsValues(Function):
+    """What a traced backward cannot do: read values, branch on them, mutate."""
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        assert np.isfinite(g.numpy()).all()
+        scale = 3.0 if g.sum().item() > 0 else -3.0
+        out = g.clone()
+        out.mul_(scale)
+        out.add_(x * 0.0)
+        return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_that_reads_values_runs(backend):
+    for sign in (1.0, -1.0, 1.0):
+        x = ca.tensor([0.5, 1.5], requires_grad=True)
+        with _maybe(backend):
+            (ReadsValues.apply(x) * sign).sum().backward()
+        assert_backend_matches(backend, [3.0, 3.0], x.grad.numpy())   # (3 * sign) * sign
+
+
+def test_the_graph_shows_the_node_and_unpacks_its_saved_values_right_before_it():
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = _logged_square([]).apply(x * 2)
+    g = ca.trace_backward((y * 3).sum())
+    g.graph.lint()
+    nodes = g.graph.nodes
+    (call,) = [n for n in nodes if n.target == "call_backward"]
+    assert call.op == "call_hook" and call.meta["source"] == "LoggedSquareBackward"
+    assert "call_hook[call_backward]" in str(g) and "# LoggedSquareBackward" in str(g)
+    unpack = next(n for n in nodes if n.target == "unpack_hook")
+    assert nodes.index(call) == nodes.index(unpack) + 1       # progressive unpacking
+    assert unpack in g.graph.last_uses()[call]                # freed after its last use
+    assert "_h_call_backward(" in g.code
+
+
+def test_an_inlined_backward_is_traced_into_prims():
+    class Inlined(Function):
+        inline_backward = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 2 * x
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    g = ca.trace_backward(Inlined.apply(x).sum())
+    assert not [n for n in g.graph.nodes if n.op == "call_hook" and n.target != "accumulate_grad"]
+    assert [n.target for n in g.graph.nodes if n.op == "call_function"
+            and n.meta.get("source") == "InlinedBackward"].count("mul") == 2
+
+
+class InlinedButReadsValues(ReadsValues):
+    inline_backward = True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inlined_backward_that_cannot_be_traced_falls_back_and_says_why(
+        backend, monkeypatch, caplog):
+    monkeypatch.setenv("CA_LOGS", "verbose")
+    x = ca.tensor([0.5, 1.5], requires_grad=True)
+    g = ca.trace_backward(InlinedButReadsValues.apply(x).sum())
+    assert [n.target for n in g.graph.nodes if n.op == "call_hook"] == [
+        "call_backward", "accumulate_grad"]
+    assert not [n for n in g.graph.nodes if n.op == "call_function"
+                and n.meta.get("source") == "InlinedButReadsValuesBackward"
+                and n.target != "getitem"]               # what the attempt traced is gone
+    with caplog.at_level(logging.INFO, logger="compiled_autograd"):
+        for _ in range(2):
+            x = ca.tensor([0.5, 1.5], requires_grad=True)
+            with ca.compiled_backward(backend=backend):
+                InlinedButReadsValues.apply(x).sum().backward()
+            assert_backend_matches(backend, [3.0, 3.0], x.grad.numpy())
+    assert "InlinedButReadsValuesBackward: inline_backward could not be traced " \
+           "(RuntimeError: compiled autograd: the values of a traced tensor cannot be read" \
+           in caplog.text
+
+
+def _drop_y(calls):
+    class DropY(Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append(1)
+            return g * 2, None          # y requires grad, but gets none from here
+    return DropY
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gradient_returned_as_none_is_none_as_in_eager(backend):
+    calls = []
+    fn = _drop_y(calls)
+    y_hooks = []
+    for _ in range(3):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=True)
+        y.register_hook(lambda g: y_hooks.append(g))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")           # no zeros-and-retrace on the way
+            with ca.compiled_backward(backend=backend):
+                fn.apply(x, y).sum().backward()
+        assert y.grad is None and y_hooks == []
+        assert_backend_matches(backend, [2.0, 2.0], x.grad.numpy())
+    assert len(calls) == 3
+    # The first (eager) run showed the graph wrong about y: traced again, then a hit.
+    stats = ca.compiled_autograd_stats()
+    assert (stats["captures"], stats["cache_hits"]) == (2, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_none_that_depends_on_values_is_warned_about_and_learned(backend):
+    class DropsWhenNegative(Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, (g * 5 if g.sum().item() > 0 else None)
+
+    def run(sign):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=True)
+        with ca.compiled_backward(backend=backend):
+            (DropsWhenNegative.apply(x, y) * sign).sum().backward()
+        return y.grad
+
+    assert run(1.0).numpy().tolist() == [5.0, 5.0]        # eager run: learns "not None"
+    assert run(1.0).numpy().tolist() == [5.0, 5.0]        # compiled, a hit
+    with pytest.warns(RuntimeWarning, match="DropsWhenNegativeBackward returned None for "
+                      "gradient 1, which its compiled graph goes on with: this backward used "
+                      "zeros there"):
+        assert run(-1.0).numpy().tolist() == [0.0, 0.0]   # (eager: None)
+    assert run(-1.0) is None                              # traced again with None
+    with pytest.warns(RuntimeWarning, match="returned a gradient for input 1, which was None "
+                      "when the graph was traced: this backward dropped it"):
+        assert run(1.0) is None                           # (eager: [5, 5])
+    assert run(1.0).numpy().tolist() == [5.0, 5.0]
+
+
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
+@pytest.mark.parametrize("case,error,match", [
+    ("raises", ValueError, "from the user's backward"),
+    ("count", RuntimeError, "function BadBackward returned an incorrect number of gradients "
+                            r"\(expected 1, got 2\)"),
+    ("shape", RuntimeError, "Function BadBackward returned an invalid gradient at index 0 - "
+                            r"got \[3\] but expected shape compatible with \[2\]"),
+])
+def test_errors_of_a_backward_are_eagers(backend, case, error, match):
+    class Bad(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            if case == "raises":
+                raise ValueError("from the user's backward")
+            if case == "count":
+                return g, g
+            return ca.ones(3)
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(error, match=match):
+        with _maybe(backend):
+            for _ in range(2):          # (the second, compiled, when the first is eager)
+                Bad.apply(x).sum().backward(retain_graph=True)
+
+
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
+def test_saved_tensors_are_as_eager_gives_them(backend):
+    seen = []
+
+    class Saves(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            out = x * w
+            ctx.save_for_backward(out, w, x)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            out, w, x = ctx.saved_tensors
+            seen.append((out.grad_fn is ctx, out.requires_grad, w.requires_grad,
+                         x.requires_grad))
+            return g * w, g * x
+    for _ in range(2):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        w = ca.tensor([3.0, 4.0])
+        with _maybe(backend):
+            Saves.apply(x, w).sum().backward()
+    assert seen == [(True, True, False, True)] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("returns", ["itself", "view", "transpose", "broadcast"])
+def test_a_backward_may_return_what_it_was_given_or_a_view_of_it(backend, returns):
+    class PassThrough(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            if returns == "itself":
+                return g
+            if returns == "view":
+                return g[:]
+            if returns == "transpose":
+                return g.t().t()
+            return g.sum(0, keepdim=True)        # reduced back to g's shape by validation
+
+    def grads(compiled):
+        x = ca.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
+        mid = x.exp() if returns != "broadcast" else x.sum(0, keepdim=True).exp()
+        out = PassThrough.apply(mid)
+        if returns == "broadcast":
+            out = out.expand(2, 3)
+        with _maybe(backend if compiled else None):
+            (out * out.sin()).sum().backward()
+        return x.grad.numpy()
+    want = grads(False)
+    for _ in range(2):
+        assert_backend_matches(backend, want, grads(True))
