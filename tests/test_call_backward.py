@@ -228,10 +228,11 @@ def test_a_none_that_depends_on_values_is_warned_about_and_learned(backend):
                       "zeros there"):
         assert run(-1.0).numpy().tolist() == [0.0, 0.0]   # (eager: None)
     assert run(-1.0) is None                              # traced again with None
-    with pytest.warns(RuntimeWarning, match="returned a gradient for input 1, which was None "
-                      "when the graph was traced: this backward dropped it"):
-        assert run(1.0) is None                           # (eager: [5, 5])
-    assert run(1.0).numpy().tolist() == [5.0, 5.0]
+    with pytest.raises(RuntimeError, match="DropsWhenNegativeBackward returned a gradient "
+                       "for input 1, for which it returned None when this backward was "
+                       "compiled: the compiled graph has no use for it"):
+        run(1.0)                                          # (never a lost gradient)
+    assert run(1.0).numpy().tolist() == [5.0, 5.0]        # traced again with it
 
 
 @pytest.mark.parametrize("backend", (None,) + BACKENDS)
@@ -303,7 +304,7 @@ def test_a_backward_may_return_what_it_was_given_or_a_view_of_it(backend, return
                 return g[:]
             if returns == "transpose":
                 return g.t().t()
-            return g.sum(0, keepdim=True)        # reduced back to g's shape by validation
+            return g.expand(2, 3)                # summed back to g's shape by validation
 
     def grads(compiled):
         x = ca.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
@@ -317,3 +318,110 @@ def test_a_backward_may_return_what_it_was_given_or_a_view_of_it(backend, return
     want = grads(False)
     for _ in range(2):
         assert_backend_matches(backend, want, grads(True))
+
+
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
+def test_saved_values_are_freed_as_the_backward_goes_and_nothing_is_kept(backend):
+    import gc
+    import weakref
+    alive_at = {}
+    refs = {}
+
+    class Saves(Function):
+        @staticmethod
+        def forward(ctx, x, name):
+            y = x * 2.0
+            ctx.tag = name
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            data = y.numpy()
+            refs[ctx.tag] = weakref.ref(data.base if data.base is not None else data)
+            alive_at[ctx.tag] = sorted(k for k, r in refs.items() if k != ctx.tag and r())
+            return g * 2.0, None
+
+    gc.disable()
+    try:
+        for _ in range(3):      # the first compiled one runs eagerly; then compiled
+            refs.clear()
+            x = ca.tensor(np.ones(100, np.float32), requires_grad=True)
+            loss = Saves.apply(Saves.apply(Saves.apply(x * 1.0, "A"), "B"), "C").sum()
+            ctx = weakref.ref(loss.grad_fn.next_functions[0][0])
+            with _maybe(backend):
+                loss.backward()
+            del loss
+            assert alive_at == {"C": [], "B": [], "A": []}   # each freed after its node
+            assert not any(r() for r in refs.values()) and ctx() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_a_none_is_saved_is_part_of_the_key(backend):
+    class SavesANone(Function):
+        @staticmethod
+        def forward(ctx, x, first):
+            ctx.save_for_backward(*((x, None) if first else (None, x)))
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return g * 2.0 * (a if a is not None else b), None
+    for first in (True, True, False, False):
+        x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        with ca.compiled_backward(backend=backend):
+            SavesANone.apply(x, first).sum().backward()
+        assert_backend_matches(backend, [2.0, 4.0, 6.0], x.grad.numpy())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_first_backward_that_fails_learns_at_the_next(backend):
+    calls = []
+    fn = _drop_y(calls)
+    fail = [True]
+
+    def hook(g):
+        if fail.pop() if fail else False:
+            raise KeyboardInterrupt("interrupted")
+    for i in range(3):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=True)
+        out = fn.apply(x, y)
+        out.register_hook(hook)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with ca.compiled_backward(backend=backend):
+                if i == 0:
+                    with pytest.raises(KeyboardInterrupt):
+                        out.sum().backward()
+                    continue
+                out.sum().backward()
+        assert y.grad is None
+
+
+@pytest.mark.parametrize("backend", (None,) + BACKENDS)
+def test_post_hooks_see_validated_gradients(backend):
+    # torch validates a node's gradients (sums a broadcast one back) before its
+    # post hooks run.
+    seen = []
+
+    class Bigger(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.unsqueeze(0).expand(2, 3) * 1.0
+    for _ in range(2):
+        x = ca.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = Bigger.apply(x * 1.0)
+        y.grad_fn.register_hook(lambda gi, go: seen.append(tuple(gi[0].shape)))
+        with _maybe(backend):
+            y.sum().backward()
+        assert_backend_matches(backend or "eager", [2.0, 2.0, 2.0], x.grad.numpy())
+    assert seen == [(3,), (3,)]

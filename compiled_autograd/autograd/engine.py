@@ -263,6 +263,8 @@ def _call_function(task, fn, grads):
     if len(outputs) != len(fn.next_functions):
         raise RuntimeError(f"function {fn.name()} returned an incorrect number of gradients "
                            f"(expected {len(fn.next_functions)}, got {len(outputs)})")
+    if needs_validation(fn):     # (before the post hooks see them, as torch)
+        outputs = validate(fn, outputs)
     if fn.__dict__.get("_post_hooks"):
         outputs = _hooks.run_post_hooks(fn, outputs, grads, task.create_graph, task.make)
     return outputs
@@ -336,8 +338,8 @@ def execute(roots, keep_graph, create_graph, input_edges=None, accumulate=True, 
     """Run a backward from ``roots`` [((node, input_nr), grad)]. With
     ``input_edges``, returns the captured gradients at those edges. ``make``:
     Tensor._make, for what user hooks see."""
-    return _reentrant_aware(lambda: _execute(roots, keep_graph, create_graph, input_edges,
-                                             accumulate, make))
+    return _reentrant_aware(lambda: execute_here(roots, keep_graph, create_graph, input_edges,
+                                                 accumulate, make))
 
 
 def _reentrant_aware(run):
@@ -360,7 +362,9 @@ def _reentrant_aware(run):
         return run()
 
 
-def _execute(roots, keep_graph, create_graph, input_edges, accumulate, make):
+def execute_here(roots, keep_graph, create_graph, input_edges, accumulate, make):
+    """``execute`` on this thread, for a caller that counted this backward's
+    reentrant depth itself (a compiled backward that runs eagerly)."""
     task = make_task(roots, keep_graph, create_graph, input_edges, accumulate, make=make)
     # Validate before anything runs: the errors below change nothing.
     for fn in task.nodes:
@@ -382,8 +386,6 @@ def _execute(roots, keep_graph, create_graph, input_edges, accumulate, make):
             outputs = _call_function(task, fn, grads)
         if not keep_graph:
             fn.release_variables()
-        if outputs and needs_validation(fn):
-            outputs = validate(fn, outputs)
         return outputs
 
     with running(task), set_grad_enabled(create_graph), (

@@ -134,6 +134,7 @@ class FunctionBackward(Node):
         args.collect(self.needs_input_grad)
         args.collect(self.materialize_grads)
         args.collect_hook("call_backward", None, self)   # the ctx the node calls with
+        args.collect(tuple(sv is None for sv in (self._saved or ())))   # Nones saved
         if self._forward_cls.inline_backward:
             args.collect_sizes(self._output_shapes(), owner=self)
             for key, value in self._user_attrs():

@@ -138,6 +138,7 @@ def _compile(task, roots, collected, key, context, n_captures, dynamic, none_mas
         graph = traced.graph
         passes.eliminate_dead_code(graph)
         passes.place_reads(graph, context.unpack)
+    traced.release()   # its proxies refer back to it: no cycle left holding values
     stats["captures"] += 1
     fn = context.compiler(GraphModule(graph) if context.takes_module else graph)
     stats["compiles"] += 1
@@ -156,8 +157,12 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         # Custom backwards run as Python: which gradients they return as None is
         # known once they ran. The structure's first backward runs eagerly, and
         # its graph is traced again if they returned otherwise than it assumed.
+        # (Until one such run succeeded, every backward of it runs so: eager is
+        # always right.)
+        collected.clear()      # the eager engine's nodes own the saved values
+        out = _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry)
         family.nones_seen = True
-        return _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry)
+        return out
     if not retain_graph:
         # The boxed lists become the only owners of the saved values: release them
         # (a prim node holds nothing else), and whatever other nodes hold.
@@ -184,8 +189,11 @@ def run(roots, retain_graph, input_edges, accumulate, context):
 def _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry):
     """This backward on the eager engine, noting which gradients its custom
     backwards returned as None (``FunctionBackward.apply``)."""
-    captured = engine.execute(roots, retain_graph, False, input_edges, accumulate,
-                              make=Tensor._make)
+    for fn in task.index:
+        fn.__dict__.pop("_returned_none", None)     # (from an earlier backward)
+    # (engine.backward counted this backward's reentrant depth already)
+    captured = engine.execute_here(roots, retain_graph, False, input_edges, accumulate,
+                                   make=Tensor._make)
     returned = []
     for fn, rank in task.index.items():
         takes = entry.backward_calls.get(rank)
@@ -279,6 +287,7 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
         traced = tracer.trace(task, roots, collected, len(input_edges or ()))
         passes.eliminate_dead_code(traced.graph)
         passes.place_reads(traced.graph, unpack)
+    traced.release()
     return CompiledBackward(traced.graph, None, traced.constants, key, unpack,
                             packed_kinds(collected))
 

@@ -180,6 +180,12 @@ class CompiledNodeArgs:
         """This backward depends on something that cannot be keyed: trace it anew."""
         self.uncacheable_reason = self.uncacheable_reason or reason
 
+    def clear(self) -> None:
+        """Let go of the runtime values (a backward that will not use them)."""
+        for values in (self.saved, self.inputs, self.hooks, self.packed_data,
+                       self.release_nodes):
+            values.clear()
+
     def freeze(self) -> "Key":
         return Key(self.key)
 

@@ -79,38 +79,38 @@ def call_backward(ctx, takes, n_saved, *values):
     values (``n_saved`` of them), then its incoming gradients; ``takes[i]``:
     the graph goes on with gradient ``i``.
 
-    Which gradients a backward returns as None is only known once it has run.
-    The graph is traced with the Nones it returned last time (at first: a
-    gradient for every input that requires grad). If it returns otherwise, this
-    backward uses zeros for a missing gradient and drops an unexpected one,
-    warns, and ``learning`` reports it: the next backward of this structure is
-    traced again with the Nones it returned."""
+    Which gradients a backward returns as None is known once it has run: the
+    graph is traced with the Nones it returned the first time (compiled.api runs
+    that backward eagerly). If a later backward returns otherwise, ``learning``
+    reports it, so that the next backward is traced again with what it returned;
+    and this one uses zeros for a missing gradient (with a warning: eager passes
+    none), or raises for an unexpected one (its graph has no use for it: going on
+    would lose a gradient)."""
     grads = ctx.backward_with(values[:n_saved], values[n_saved:])
     if all((g is not None) == t for g, t in zip(grads, takes)):
         return grads
+    seen = getattr(_learned, "seen", None)
+    if seen is not None:
+        seen.append((ctx, tuple(g is None for g in grads)))
+    extra = [i for i, (g, t) in enumerate(zip(grads, takes)) if g is not None and not t]
+    if extra:
+        raise RuntimeError(
+            f"compiled autograd: {ctx.name()} returned a gradient for input {_listed(extra)}, "
+            "for which it returned None when this backward was compiled: the compiled graph "
+            "has no use for it. The next backward of this structure is traced again with "
+            "it; a backward whose Nones change from call to call can run as eager autograd "
+            "(outside ca.compiled_backward()) or traced (inline_backward = True)")
     fixed = list(grads)
-    missing, extra = [], []
+    missing = []
     for i, ((nxt, nr), t) in enumerate(zip(ctx.next_functions, takes)):
         if t and grads[i] is None:
             fixed[i] = np.zeros(*nxt.input_metadata[nr])
             missing.append(i)
-        elif not t and grads[i] is not None:
-            fixed[i] = None
-            extra.append(i)
-    said = []
-    if missing:
-        said.append(f"returned None for gradient {_listed(missing)}, which its compiled graph "
-                    "goes on with: this backward used zeros there (eager autograd passes no "
-                    "gradient)")
-    if extra:
-        said.append(f"returned a gradient for input {_listed(extra)}, which was None when "
-                    "the graph was traced: this backward dropped it")
-    warnings.warn(f"compiled autograd: {ctx.name()} {'; and '.join(said)}. The next backward "
-                  "of this structure is traced again with the Nones it returned now.",
+    warnings.warn(f"compiled autograd: {ctx.name()} returned None for gradient "
+                  f"{_listed(missing)}, which its compiled graph goes on with: this backward "
+                  "used zeros there (eager autograd passes no gradient). The next backward of "
+                  "this structure is traced again with the Nones it returned now.",
                   RuntimeWarning, stacklevel=2)
-    seen = getattr(_learned, "seen", None)
-    if seen is not None:
-        seen.append((ctx, tuple(g is None for g in grads)))
     return tuple(fixed)
 
 

@@ -227,6 +227,12 @@ class Tracer:
             p = self._proxies[where] = Proxy(self, node)
         return p
 
+    def release(self) -> None:
+        """Drop what tracing needed (proxies, which refer back to this tracer, and
+        the collected values), keeping the graph and its constants."""
+        self._proxies = {}
+        self.collected = None
+
     def mark(self):
         """The state ``rewind`` returns to."""
         return len(self.graph.nodes), len(self.constants), dict(self._proxies)
@@ -396,10 +402,10 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset(), none_mask
             _post_hooks(tracer, fn, (), grads)
             return ()
         outputs = fn.apply_with_saved(grads, swap)
-        outputs = _post_hooks(tracer, fn, outputs, grads)
-        if outputs and engine.needs_validation(fn):
+        if outputs and engine.needs_validation(fn):    # (before the post hooks, as eager)
             shapes = swap.sizes(("validate", id(fn)), engine.expected_shapes(fn))
             outputs = engine.validate(fn, outputs, shapes)
+        outputs = _post_hooks(tracer, fn, outputs, grads)
         return tuple(outputs)
 
     engine.walk(task, root_proxies, visit)
