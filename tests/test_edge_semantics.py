@@ -399,3 +399,42 @@ def test_a_refused_mixed_index_assignment_changes_nothing():
     with pytest.raises(IndexError, match=r"could not be broadcast together with shapes \[3\], \[2\]"):
         y[:, [0, 1, 2], [1, 2]] = 1.0
     assert y._version == 0 and float(y.sum()) == 0.0
+
+
+@needs_torch
+def test_gradcheck_inputs_that_are_views_or_not_contiguous_as_torch():
+    # torch's gradcheck takes any leaf with no stride-0 dimension: a view made leaf, a
+    # non-contiguous slice; the numerical Jacobian perturbs the elements where they are
+    for make in (lambda m, **k: m.ones(5, 5, **k)[:, :3].requires_grad_(),
+                 lambda m, **k: m.arange(1, 13, **k).view(3, 4).requires_grad_()):
+        a, t = make(ca, dtype=np.float64), make(torch, dtype=torch.float64)
+        assert a.is_contiguous() == t.is_contiguous() and a.is_leaf and t.is_leaf
+        assert torch.autograd.gradcheck(lambda v: v * v * 3, (t,))
+        assert ca.autograd.gradcheck(lambda v: v * v * 3, (a,))
+        assert not ca.autograd.gradcheck(lambda v: v * v * 3 + (v ** 3).detach(), (a,),
+                                         raise_exception=False)
+    msg = ("The 0th input has a dimension with stride 0. gradcheck only supports inputs "
+           "that are non-overlapping to be able to compute the numerical gradients "
+           "correctly. You should call .contiguous on the input before passing it to "
+           "gradcheck.")
+    with pytest.raises(RuntimeError) as theirs:
+        torch.autograd.gradcheck(lambda v: v * 2, (
+            torch.ones(5, dtype=torch.float64).expand(3, 5).requires_grad_(),))
+    with pytest.raises(RuntimeError) as ours:
+        ca.autograd.gradcheck(lambda v: v * 2, (
+            ca.ones(5, dtype=np.float64).expand(3, 5).requires_grad_(),))
+    assert str(ours.value) == str(theirs.value) == msg
+
+
+@needs_torch
+def test_gradcheck_with_no_differentiable_output_checks_numerical_zero():
+    def ones(m):
+        return m.ones(2, 2, dtype=m.float64 if m is torch else np.float64,
+                      requires_grad=True)
+    for m in (torch, ca):
+        with pytest.raises(RuntimeError, match="^Numerical gradient for function expected "
+                           "to be zero$"):
+            m.autograd.gradcheck(lambda i: i.detach(), (ones(m),))
+        assert m.autograd.gradcheck(lambda i: i.detach() * 0, (ones(m),))
+        assert not m.autograd.gradcheck(lambda i: i.detach(), (ones(m),),
+                                        raise_exception=False)
