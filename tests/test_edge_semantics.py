@@ -411,8 +411,8 @@ def test_gradcheck_inputs_that_are_views_or_not_contiguous_as_torch():
         assert a.is_contiguous() == t.is_contiguous() and a.is_leaf and t.is_leaf
         assert torch.autograd.gradcheck(lambda v: v * v * 3, (t,))
         assert ca.autograd.gradcheck(lambda v: v * v * 3, (a,))
-        assert not ca.autograd.gradcheck(lambda v: v * v * 3 + (v ** 3).detach(), (a,),
-                                         raise_exception=False)
+        assert not ca.autograd.gradcheck(lambda v: v * v * 3 + (v ** 3).detach(),
+                                         (a,), raise_exception=False)
     msg = ("The 0th input has a dimension with stride 0. gradcheck only supports inputs "
            "that are non-overlapping to be able to compute the numerical gradients "
            "correctly. You should call .contiguous on the input before passing it to "
@@ -438,3 +438,52 @@ def test_gradcheck_with_no_differentiable_output_checks_numerical_zero():
         assert m.autograd.gradcheck(lambda i: i.detach() * 0, (ones(m),))
         assert not m.autograd.gradcheck(lambda i: i.detach(), (ones(m),),
                                         raise_exception=False)
+
+
+def _cat_results(m, f64):
+    def ones(*s, rg=False, dt=None):
+        return m.ones(*s, dtype=dt, requires_grad=rg) if dt else m.ones(*s, requires_grad=rg)
+    out = []
+    x, y = ones(0, rg=True), ones(2, 2, rg=True)
+    z = m.cat((x, y))
+    z.sum().backward()
+    out.append((tuple(z.shape), tuple(x.grad.shape), y.grad.numpy().tolist()))
+    out.append(tuple(m.cat((ones(2, 2), ones(0), ones(2, 2)), 1).shape))
+    out.append(tuple(m.cat((ones(0), ones(0))).shape))
+    out.append(m.cat((ones(0, dt=f64), ones(2, 2))).numpy().dtype)
+    for args in [((ones(0, 1), ones(2, 2)),), ((ones(0), ones(2, 2)), 2),
+                 ((ones(2, 2), ones(2, 2, 2)),), ((ones(0), ones(2, 2), ones(3, 3)),),
+                 ((ones(0), ones(2, 2), ones(3)),)]:
+        try:
+            m.cat(*args)
+            out.append(None)
+        except (RuntimeError, IndexError) as e:
+            out.append((type(e), str(e)))
+    return out
+
+
+@needs_torch
+def test_cat_skips_legacy_empty_tensors_as_torch():
+    # torch.cat skips 1-d empty tensors next to others (they still get an empty
+    # gradient, and count in the dtype and in "tensor number k" of its errors)
+    assert _cat_results(ca, np.float64) == _cat_results(torch, torch.float64)
+
+
+@needs_torch
+def test_pow_with_a_number_base_as_torch():
+    for base, dtype in ((2, np.float32), (2.5, np.float64), (2, np.int64), (0.5, np.float32)):
+        e = ca.tensor([0., 1., 2.], dtype=dtype, requires_grad=dtype != np.int64)
+        t = torch.tensor([0., 1., 2.], dtype=getattr(torch, np.dtype(dtype).name),
+                         requires_grad=dtype != np.int64)
+        ours, theirs = ca.pow(base, e), torch.pow(base, t)
+        assert ours.detach().numpy().dtype == theirs.detach().numpy().dtype
+        assert_close(ours.detach().numpy(), theirs.detach().numpy())
+        if dtype != np.int64:
+            ours.sum().backward()
+            theirs.sum().backward()
+            assert_close(e.grad.numpy(), t.grad.numpy())
+    with pytest.raises(TypeError, match="pow"):
+        torch.pow(2, 3)
+    with pytest.raises(TypeError, match=r"^pow\(\) received an invalid combination of "
+                       r"arguments - got \(int, int\)"):
+        ca.pow(2, 3)
