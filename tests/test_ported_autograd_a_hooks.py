@@ -229,9 +229,6 @@ def test_no_grad(mode):
 
 
 # torch: test_autograd.py::TestAutograd::test_set_grad_generator_functions
-@pytest.mark.xfail(strict=True, reason=(
-    "difference: ca.no_grad()/enable_grad() used as decorators do not wrap a generator "
-    "function: its body runs in the caller's grad mode at each next()"))
 def test_set_grad_generator_functions():
     @ca.no_grad()
     def gen_no_grad():
