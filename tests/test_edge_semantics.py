@@ -487,3 +487,42 @@ def test_pow_with_a_number_base_as_torch():
     with pytest.raises(TypeError, match=r"^pow\(\) received an invalid combination of "
                        r"arguments - got \(int, int\)"):
         ca.pow(2, 3)
+
+
+def _grad_assignment_results(m, dtypes):
+    f32, f64, i64, i16 = dtypes
+    x = m.zeros(5, 5)
+    out = []
+    for value in (m.zeros(2, 2), m.zeros(25), m.zeros(5, 5, dtype=i64),
+                  m.zeros(5, 5, dtype=f64), x, 3, m.zeros(()), m.zeros(5, 5, dtype=i16)):
+        try:
+            x.grad = value
+            out.append("ok")
+        except (RuntimeError, TypeError) as e:
+            # (torch's dtype message goes on with how to set a grad_dtype: ca has none)
+            out.append((type(e), str(e).split(" You can set")[0]))
+    assert x.grad is None                       # nothing was stored
+    g = m.ones(5, 5, requires_grad=True)
+    x.grad = g
+    out.append(x.grad is g)
+    x.grad = m.zeros(5, 5).t()                  # any strides of the right size
+    out.append(x.grad.shape)
+    del x.grad
+    out.append(x.grad)
+    try:
+        del x.requires_grad
+    except RuntimeError as e:
+        out.append(str(e))
+    y = m.zeros((), dtype=f64)
+    y.grad = m.ones((), dtype=f64)
+    out.append(float(y.grad))
+    return out
+
+
+@needs_torch
+def test_grad_assignment_is_checked_as_torch():
+    ours = _grad_assignment_results(ca, (np.float32, np.float64, np.int64, np.int16))
+    theirs = _grad_assignment_results(torch, (torch.float32, torch.float64, torch.int64,
+                                              torch.int16))
+    assert ours == theirs
+    assert ours[4] == (RuntimeError, "can't assign Variable as its own grad")

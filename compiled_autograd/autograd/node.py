@@ -250,11 +250,11 @@ def accumulate_into(variable, g, owned=False) -> None:
     a fresh C-contiguous array nobody else holds); later ones are added in place,
     so ``.grad`` stays the same object. Under create_graph (Tensor gradients)
     accumulation is out of place and differentiable."""
-    grad = variable.grad
+    grad = variable._grad
     if type(g) is not np.ndarray:
         # A copy (differentiable): g may be shared with another leaf or be the
         # caller's own gradient tensor.
-        variable.grad = ops.copy(g) if grad is None else grad + g
+        variable._grad = ops.copy(g) if grad is None else grad + g
         return
     if grad is None:
         dtype = variable._data.dtype
@@ -263,11 +263,11 @@ def accumulate_into(variable, g, owned=False) -> None:
         else:
             stored = np.array(g, dtype=dtype, order="C", copy=True)
             on_array(stored, "AccumulateGrad")
-        variable.grad = variable._make(stored)
+        variable._grad = variable._make(stored)
     elif grad.requires_grad:
         stored = np.add(grad._data, g)
         on_array(stored, "AccumulateGrad")
-        variable.grad = variable._make(stored)
+        variable._grad = variable._make(stored)
     else:
         np.add(grad._data, g, out=grad._data, casting="same_kind")
         grad._version_counter.value += 1
