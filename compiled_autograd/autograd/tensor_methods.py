@@ -396,11 +396,12 @@ def _split(self, split_size_or_sections, dim=0):
     for size in sizes:
         out.append(ops.slice(self, dim=d, start=start, stop=start + size, step=1))
         start += size
-    if is_grad_enabled() and self.requires_grad:
+    if is_grad_enabled():
         # As torch: the views of a function that returns several may not be
-        # modified in place (dispatch.check_inplace says so).
+        # modified in place (dispatch.check_inplace says so, naming torch's op).
+        name = "Split" if isinstance(split_size_or_sections, int) else "SplitWithSizes"
         for i, view in enumerate(out):
-            view._creation = ("multi_view", i)
+            view._creation = ("multi_output", i, name)
     return tuple(out)
 
 
