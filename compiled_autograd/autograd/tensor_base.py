@@ -64,7 +64,8 @@ class TensorBase:
 
     __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_version_counter",
                  "_base", "_view_version", "_grad", "_grad_acc_ref", "_retains_grad",
-                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "__weakref__")
+                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "_grad_lock",
+                 "__weakref__")
 
     def _init(self, data):
         self._data = data
@@ -87,6 +88,7 @@ class TensorBase:
         # "no_grad" (made without history), "custom_function" (a Function's output)
         # or ("multi_view", i) (output i of split/chunk).
         self._creation = None
+        self._grad_lock = None   # made on the first accumulation (node.accumulate_into)
 
     @staticmethod
     def _make(data):
