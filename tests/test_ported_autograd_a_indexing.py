@@ -328,12 +328,10 @@ def test_pow_zero_tensor_gradient(mode):
 
 # torch: test_autograd.py::TestAutograd::test_pow_scalar_base
 # (torch's input is a view given requires_grad and its function torch.pow(2, a); each
-# is a difference of its own here, so: "view_leaf" is torch's input with 2 ** a,
-# "pow_function" is ca.pow(2, a) on a fresh leaf, "fresh_leaf" is 2 ** a on one)
-@pytest.mark.parametrize("variant", [
-    "view_leaf",
-    "pow_function",
-    "fresh_leaf"])
+# was once a difference of its own here, so each has its variant: "view_leaf" is
+# torch's input with 2 ** a, "pow_function" is ca.pow(2, a) on a fresh leaf,
+# "fresh_leaf" is 2 ** a on one)
+@pytest.mark.parametrize("variant", ["view_leaf", "pow_function", "fresh_leaf"])
 def test_pow_scalar_base(mode, variant):
     if variant == "view_leaf":
         a = ca.arange(1, 13, dtype=F64).view(3, 4).requires_grad_()
