@@ -9,7 +9,7 @@ import runtime as _runtime  # noqa: F401  (fills the prim table)
 from compiled_autograd.autograd import tensor_methods as _tensor_methods
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.factory import (arange, cat, from_numpy, full, maximum, minimum,
-                                                ones, ones_like, rand, randint, randn, stack,
+                                                ones, ones_like, pow, rand, randint, randn, stack,
                                                 tensor, where, zeros, zeros_like)
 from compiled_autograd.autograd.grad_mode import (enable_grad, is_grad_enabled, no_grad,
                                          set_grad_enabled)
@@ -37,7 +37,7 @@ def _method(name):
 # method (``method=`` in its block: ca.exp, ca.tanh, ...).
 _FUNCTIONS = ("sum", "mean", "var", "std", "amax", "amin", "max", "min", "argmax", "softmax",
               "log_softmax", "matmul", "reshape", "transpose", "permute", "flatten",
-              "squeeze", "unsqueeze", "clamp", "pow", "split", "chunk", "narrow", "select",
+              "squeeze", "unsqueeze", "clamp", "split", "chunk", "narrow", "select",
               "clone", "t", "masked_fill") + tuple(_tensor_methods.TABLE_METHODS)
 for _name in _FUNCTIONS:
     globals()[_name] = _method(_name)
@@ -45,7 +45,7 @@ del _name
 
 __all__ = [
     "Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like",
-    "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum",
+    "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum", "pow",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed",
     "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils", "compiled_backward",
     "trace_backward", "compiled_autograd_stats", "reset_compiled_autograd", "register_backend",

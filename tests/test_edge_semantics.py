@@ -399,3 +399,130 @@ def test_a_refused_mixed_index_assignment_changes_nothing():
     with pytest.raises(IndexError, match=r"could not be broadcast together with shapes \[3\], \[2\]"):
         y[:, [0, 1, 2], [1, 2]] = 1.0
     assert y._version == 0 and float(y.sum()) == 0.0
+
+
+@needs_torch
+def test_gradcheck_inputs_that_are_views_or_not_contiguous_as_torch():
+    # torch's gradcheck takes any leaf with no stride-0 dimension: a view made leaf, a
+    # non-contiguous slice; the numerical Jacobian perturbs the elements where they are
+    for make in (lambda m, **k: m.ones(5, 5, **k)[:, :3].requires_grad_(),
+                 lambda m, **k: m.arange(1, 13, **k).view(3, 4).requires_grad_()):
+        a, t = make(ca, dtype=np.float64), make(torch, dtype=torch.float64)
+        assert a.is_contiguous() == t.is_contiguous() and a.is_leaf and t.is_leaf
+        assert torch.autograd.gradcheck(lambda v: v * v * 3, (t,))
+        assert ca.autograd.gradcheck(lambda v: v * v * 3, (a,))
+        assert not ca.autograd.gradcheck(lambda v: v * v * 3 + (v ** 3).detach(),
+                                         (a,), raise_exception=False)
+    msg = ("The 0th input has a dimension with stride 0. gradcheck only supports inputs "
+           "that are non-overlapping to be able to compute the numerical gradients "
+           "correctly. You should call .contiguous on the input before passing it to "
+           "gradcheck.")
+    with pytest.raises(RuntimeError) as theirs:
+        torch.autograd.gradcheck(lambda v: v * 2, (
+            torch.ones(5, dtype=torch.float64).expand(3, 5).requires_grad_(),))
+    with pytest.raises(RuntimeError) as ours:
+        ca.autograd.gradcheck(lambda v: v * 2, (
+            ca.ones(5, dtype=np.float64).expand(3, 5).requires_grad_(),))
+    assert str(ours.value) == str(theirs.value) == msg
+
+
+@needs_torch
+def test_gradcheck_with_no_differentiable_output_checks_numerical_zero():
+    def ones(m):
+        return m.ones(2, 2, dtype=m.float64 if m is torch else np.float64,
+                      requires_grad=True)
+    for m in (torch, ca):
+        with pytest.raises(RuntimeError, match="^Numerical gradient for function expected "
+                           "to be zero$"):
+            m.autograd.gradcheck(lambda i: i.detach(), (ones(m),))
+        assert m.autograd.gradcheck(lambda i: i.detach() * 0, (ones(m),))
+        assert not m.autograd.gradcheck(lambda i: i.detach(), (ones(m),),
+                                        raise_exception=False)
+
+
+def _cat_results(m, f64):
+    def ones(*s, rg=False, dt=None):
+        return m.ones(*s, dtype=dt, requires_grad=rg) if dt else m.ones(*s, requires_grad=rg)
+    out = []
+    x, y = ones(0, rg=True), ones(2, 2, rg=True)
+    z = m.cat((x, y))
+    z.sum().backward()
+    out.append((tuple(z.shape), tuple(x.grad.shape), y.grad.numpy().tolist()))
+    out.append(tuple(m.cat((ones(2, 2), ones(0), ones(2, 2)), 1).shape))
+    out.append(tuple(m.cat((ones(0), ones(0))).shape))
+    out.append(m.cat((ones(0, dt=f64), ones(2, 2))).numpy().dtype)
+    for args in [((ones(0, 1), ones(2, 2)),), ((ones(0), ones(2, 2)), 2),
+                 ((ones(2, 2), ones(2, 2, 2)),), ((ones(0), ones(2, 2), ones(3, 3)),),
+                 ((ones(0), ones(2, 2), ones(3)),)]:
+        try:
+            m.cat(*args)
+            out.append(None)
+        except (RuntimeError, IndexError) as e:
+            out.append((type(e), str(e)))
+    return out
+
+
+@needs_torch
+def test_cat_skips_legacy_empty_tensors_as_torch():
+    # torch.cat skips 1-d empty tensors next to others (they still get an empty
+    # gradient, and count in the dtype and in "tensor number k" of its errors)
+    assert _cat_results(ca, np.float64) == _cat_results(torch, torch.float64)
+
+
+@needs_torch
+def test_pow_with_a_number_base_as_torch():
+    for base, dtype in ((2, np.float32), (2.5, np.float64), (2, np.int64), (0.5, np.float32)):
+        e = ca.tensor([0., 1., 2.], dtype=dtype, requires_grad=dtype != np.int64)
+        t = torch.tensor([0., 1., 2.], dtype=getattr(torch, np.dtype(dtype).name),
+                         requires_grad=dtype != np.int64)
+        ours, theirs = ca.pow(base, e), torch.pow(base, t)
+        assert ours.detach().numpy().dtype == theirs.detach().numpy().dtype
+        assert_close(ours.detach().numpy(), theirs.detach().numpy())
+        if dtype != np.int64:
+            ours.sum().backward()
+            theirs.sum().backward()
+            assert_close(e.grad.numpy(), t.grad.numpy())
+    with pytest.raises(TypeError, match="pow"):
+        torch.pow(2, 3)
+    with pytest.raises(TypeError, match=r"^pow\(\) received an invalid combination of "
+                       r"arguments - got \(int, int\)"):
+        ca.pow(2, 3)
+
+
+def _grad_assignment_results(m, dtypes):
+    f32, f64, i64, i16 = dtypes
+    x = m.zeros(5, 5)
+    out = []
+    for value in (m.zeros(2, 2), m.zeros(25), m.zeros(5, 5, dtype=i64),
+                  m.zeros(5, 5, dtype=f64), x, 3, m.zeros(()), m.zeros(5, 5, dtype=i16)):
+        try:
+            x.grad = value
+            out.append("ok")
+        except (RuntimeError, TypeError) as e:
+            # (torch's dtype message goes on with how to set a grad_dtype: ca has none)
+            out.append((type(e), str(e).split(" You can set")[0]))
+    assert x.grad is None                       # nothing was stored
+    g = m.ones(5, 5, requires_grad=True)
+    x.grad = g
+    out.append(x.grad is g)
+    x.grad = m.zeros(5, 5).t()                  # any strides of the right size
+    out.append(x.grad.shape)
+    del x.grad
+    out.append(x.grad)
+    try:
+        del x.requires_grad
+    except RuntimeError as e:
+        out.append(str(e))
+    y = m.zeros((), dtype=f64)
+    y.grad = m.ones((), dtype=f64)
+    out.append(float(y.grad))
+    return out
+
+
+@needs_torch
+def test_grad_assignment_is_checked_as_torch():
+    ours = _grad_assignment_results(ca, (np.float32, np.float64, np.int64, np.int16))
+    theirs = _grad_assignment_results(torch, (torch.float32, torch.float64, torch.int64,
+                                              torch.int16))
+    assert ours == theirs
+    assert ours[4] == (RuntimeError, "can't assign Variable as its own grad")

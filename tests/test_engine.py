@@ -73,6 +73,45 @@ def test_no_grad_and_enable_grad():
     assert not f(a).requires_grad
 
 
+def _grad_mode_generator_log(m):
+    """What a no_grad-decorated generator sees at each step, as torch runs it."""
+    log = []
+
+    @m.no_grad
+    def gen():
+        try:
+            got = yield m.is_grad_enabled()
+            log.append(("sent", got, m.is_grad_enabled()))
+            yield m.is_grad_enabled()
+        except KeyError:
+            log.append(("thrown", m.is_grad_enabled()))
+            yield "recovered"
+        finally:
+            log.append(("finally", m.is_grad_enabled()))
+        return "done"
+
+    g = gen()
+    log.append(("first", next(g), m.is_grad_enabled()))
+    log.append(("send", g.send(7), m.is_grad_enabled()))
+    log.append(("throw", g.throw(KeyError("k")), m.is_grad_enabled()))
+    try:
+        next(g)
+    except StopIteration as e:
+        log.append(("return", e.value, m.is_grad_enabled()))
+    g2 = gen()
+    next(g2)
+    g2.close()                                   # its finally runs under no_grad too
+    log.append(("closed", m.is_grad_enabled()))
+    return log
+
+
+@needs_torch
+def test_grad_mode_decorators_on_generator_functions_as_torch():
+    ours = _grad_mode_generator_log(ca)
+    assert ours == _grad_mode_generator_log(torch)
+    assert ("first", False, True) in ours and ("finally", False) in ours
+
+
 def test_multiple_roots_and_grad_tensors():
     a = ca.randn(3, requires_grad=True)
     y1, y2 = a * 2, a.exp()

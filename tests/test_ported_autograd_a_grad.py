@@ -154,8 +154,6 @@ def test_grad(mode):
 
 
 # torch: test_autograd.py::TestAutograd::test_grad (its exact message)
-@pytest.mark.xfail(strict=True, reason=(
-    "difference: ca prints shapes as [2] where torch's message says torch.Size([2])"))
 def test_grad_shape_mismatch_message(mode):
     x = randn(2, 2, requires_grad=True)
     grad_sum = x * 2

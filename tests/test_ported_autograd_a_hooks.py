@@ -229,9 +229,6 @@ def test_no_grad(mode):
 
 
 # torch: test_autograd.py::TestAutograd::test_set_grad_generator_functions
-@pytest.mark.xfail(strict=True, reason=(
-    "difference: ca.no_grad()/enable_grad() used as decorators do not wrap a generator "
-    "function: its body runs in the caller's grad mode at each next()"))
 def test_set_grad_generator_functions():
     @ca.no_grad()
     def gen_no_grad():
@@ -320,10 +317,6 @@ def test_requires_grad_():
 # torch: test_autograd.py::TestAutograd::test_attribute_deletion
 # (only del .grad and del .requires_grad: ca has no .data, ._grad_fn setter or
 # ._backward_hooks property)
-@pytest.mark.xfail(strict=True, reason=(
-    "difference: `del x.grad` deletes ca's slot (reading x.grad then raises "
-    "AttributeError; torch sets it to None) and `del x.requires_grad` raises "
-    "AttributeError where torch raises RuntimeError"))
 def test_attribute_deletion():
     x = ca.randn(5, 5, requires_grad=True)
     del x.grad

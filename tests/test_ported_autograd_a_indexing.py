@@ -306,9 +306,6 @@ def test_cat(mode, shapes, dim):
 
 
 # torch: test_autograd.py::TestAutograd::test_cat_empty_legacy
-@pytest.mark.xfail(strict=True, reason=(
-    "difference: ca.cat refuses a 1-d empty tensor next to a (5, 5) one; torch skips "
-    "legacy empty (0,) tensors in cat"))
 def test_cat_empty_legacy(mode):
     args = [randn(0, requires_grad=True), randn(5, 5, requires_grad=True)]
     with under(mode):
@@ -331,16 +328,10 @@ def test_pow_zero_tensor_gradient(mode):
 
 # torch: test_autograd.py::TestAutograd::test_pow_scalar_base
 # (torch's input is a view given requires_grad and its function torch.pow(2, a); each
-# is a difference of its own here, so: "view_leaf" is torch's input with 2 ** a,
-# "pow_function" is ca.pow(2, a) on a fresh leaf, "fresh_leaf" is 2 ** a on one)
-@pytest.mark.parametrize("variant", [
-    pytest.param("view_leaf", marks=pytest.mark.xfail(strict=True, reason=(
-        "difference: ca's gradcheck refuses a leaf that is a view "
-        "('Input #0 must be a contiguous leaf tensor'); torch's accepts it"))),
-    pytest.param("pow_function", marks=pytest.mark.xfail(strict=True, reason=(
-        "difference: ca.pow(2, a) with a scalar base raises AttributeError "
-        "('int' object has no attribute 'pow'); torch.pow(2, a) is 2 ** a"))),
-    "fresh_leaf"])
+# was once a difference of its own here, so each has its variant: "view_leaf" is
+# torch's input with 2 ** a, "pow_function" is ca.pow(2, a) on a fresh leaf,
+# "fresh_leaf" is 2 ** a on one)
+@pytest.mark.parametrize("variant", ["view_leaf", "pow_function", "fresh_leaf"])
 def test_pow_scalar_base(mode, variant):
     if variant == "view_leaf":
         a = ca.arange(1, 13, dtype=F64).view(3, 4).requires_grad_()

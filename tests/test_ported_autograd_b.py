@@ -307,8 +307,6 @@ def test_custom_function_error(mode):
 
 
 # torch: test_autograd.py::TestAutograd::test_custom_function_local_inplace
-@pytest.mark.xfail(strict=True, reason="difference: a view made and modified in place "
-                   "inside a custom forward loses its grad_fn (None; torch: MyFnBackward)")
 def test_custom_function_local_inplace():
     class MyFn(Function):
         @staticmethod

@@ -11,18 +11,6 @@ import pytest
 import compiled_autograd as ca
 from ported import mode, under  # noqa: F401  (mode is a fixture)
 
-RACE = ("difference, races (now and then, so not strict): a leaf's AccumulateGrad is "
-        "made lazily with no lock, so two threads' forwards can give one leaf two nodes "
-        "(autograd.grad then gets a partial gradient or 'appears to not have been used'); "
-        "and accumulation takes no lock, so two threads that find .grad None both store "
-        "theirs and one gradient is lost")
-
-
-def xfail_race(request):
-    """Applied right before the part where threads share a leaf: what comes before it
-    is checked as usual."""
-    request.applymarker(pytest.mark.xfail(strict=False, reason=RACE))
-
 
 @pytest.fixture(autouse=True)
 def switch_often():
@@ -69,9 +57,8 @@ def test_simple_backward(mode):
 
 
 # torch: test_autograd.py::TestMultithreadAutograd::test_simple_backward_same_input
-def test_simple_backward_same_input(mode, request):
+def test_simple_backward_same_input(mode):
     # (its two halves in the other order here, so that the grad() one comes first)
-    xfail_race(request)
     x = ca.ones(5, 5, requires_grad=True)
 
     def train_fn_grad(x):
@@ -102,7 +89,7 @@ def test_simple_backward_same_input(mode, request):
 
 
 # torch: test_autograd.py::TestMultithreadAutograd::test_python_thread_in_middle
-def test_python_thread_in_middle(mode, request):
+def test_python_thread_in_middle(mode):
     # User might write a network that starts on one CPU thread, then runs its second half
     # concurrently with other threads (either via python threading or fork/join calls),
     # then calls backward()/grad() on BOTH threads, like a Y pattern from input at the
@@ -134,7 +121,6 @@ def test_python_thread_in_middle(mode, request):
     assert all("Specify retain_graph=True" in m for m in messages), messages
 
     # multiple backward with python threads, no error with retain_graph=True
-    xfail_race(request)
     def train_fn_retain_graph(x):
         y = x + x ** 2
         with under(mode):

@@ -18,18 +18,12 @@ CALL_BACKWARD = ("call_backward: a custom Function's backward is traced once at 
                  "time, not run at every backward")
 CREATE_GRAPH = ("documented limitation (docs/compiled.md): create_graph=True inside "
                 "compiled_backward raises")
-FN_NAME = ("difference: ca names a custom Function's view in this error by its node "
-           "(IdOneOutputBackward), torch 2.13 by the Function (IdOneOutput)")
 LEAF_GRAD_ERR = "A view was created in no_grad mode and is being modified inplace"
 
 
 def xfail_compiled(request, mode, reason):
     if mode != "engine":
         request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
-def xfail(request, reason):
-    request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def randn64(*shape, requires_grad=True):
@@ -171,20 +165,15 @@ SIMPLE_VIEWS = [(f, i, v) for f in ("one_output", "two_output", "view_of_temp")
 # (the cases that raise: torch 2.13 refuses the in-place op on the view)
 @pytest.mark.parametrize("fn_id, inplace, make_view",
                          [c for c in SIMPLE_VIEWS if c[1] and (c[2] or c[0] == "view_of_temp")])
-def test_autograd_simple_views_python_refused(fn_id, inplace, make_view, request):
+def test_autograd_simple_views_python_refused(fn_id, inplace, make_view):
     fn = simple_views_fn(fn_id, inplace, make_view)
     name = {"one_output": "IdOneOutput", "two_output": "IdTwoOutput",
             "view_of_temp": "ViewOfTemp"}[fn_id]
     err_msg = f"Output 0 of {name} is a view and is being modified inplace."
     if fn_id == "two_output":
         err_msg += " This view is the output of a function that returns multiple views."
-        xfail(request, "difference: in-place on output 0 of a custom Function that returns "
-                       "two views is refused as 'created inside a custom Function' "
-                       "(torch 2.13: 'the output of a function that returns multiple "
-                       "views'), and names IdTwoOutputBackward (torch: IdTwoOutput)")
     else:
         err_msg += " This view was created inside a custom Function"
-        xfail(request, FN_NAME)
     a = ca.ones(2, dtype=np.float64, requires_grad=True)
     b = ca.ones(2, dtype=np.float64, requires_grad=True)
     with pytest.raises(RuntimeError, match=err_msg):
@@ -214,7 +203,7 @@ def test_autograd_simple_views_python(fn_id, inplace, make_view, mode, request):
 
 # torch: test_autograd.py::TestAutograd::test_autograd_complex_views_python
 # (torch 2.13 refuses `out += 1`, where the 2020 version expected one warning)
-def test_autograd_complex_views_python(mode, request):
+def test_autograd_complex_views_python(mode):
     bw_called = [0]
 
     class ComplexView(Function):
@@ -245,17 +234,12 @@ def test_autograd_complex_views_python(mode, request):
     np.testing.assert_array_equal(a.grad.numpy(), [0., 1.])
 
     out = ComplexView.apply(a.clone(), idx)
-    xfail(request, FN_NAME.replace("IdOneOutput", "ComplexView"))
     with pytest.raises(RuntimeError, match="Output 0 of ComplexView is a view and is being "
                        "modified inplace. This view was created inside a custom Function"):
         out += 1
 
 
 # torch: test_autograd.py::TestAutograd::test_custom_function_return_view_in_nograd
-@pytest.mark.xfail(strict=True, reason="difference: in-place on a view of a leaf that "
-                   "requires grad, made under no_grad, gives 'a view of a leaf Variable "
-                   "that requires grad is being used in an in-place operation.' (torch 2.13: "
-                   "'A view was created in no_grad mode ...')")
 def test_custom_function_return_view_in_nograd():
     class Alias(Function):
         @staticmethod
@@ -354,8 +338,6 @@ def test_leaky_relu_inplace_with_zero_slope(mode):
 
 
 # torch: test_autograd.py::TestAutogradDeviceType::test_grad_assignment
-@pytest.mark.xfail(strict=True, reason="difference: assigning .grad is not checked (wrong "
-                   "shape, wrong dtype, the tensor itself are accepted)")
 @pytest.mark.parametrize("case", ["shape", "dtype", "self"])
 def test_grad_assignment(case):
     x = ca.randn(5, 5)
@@ -568,8 +550,6 @@ def test_inplace_view_multi_output_safe(f, request):
     msg = split_err(0)
     if "split_sizes" in request.node.name:
         msg = msg.replace("Split", "SplitWithSizes")
-        xfail(request, "difference: the refusal names Split for split with a list of sizes "
-                       "(torch 2.13: SplitWithSizes)")
     with pytest.raises(RuntimeError, match=msg):
         s1.mul_(s2)
 

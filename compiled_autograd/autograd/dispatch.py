@@ -92,7 +92,9 @@ def make_view(data, source):
     if not is_grad_enabled():
         t._creation = "no_grad"
     elif source._creation is not None:
-        t._creation = source._creation   # a view of such a view is one too (as torch)
+        # A view of such a view is one too (as torch); it is named by its own grad_fn.
+        c = source._creation
+        t._creation = c[0] if type(c) is tuple else c
     return t
 
 
@@ -148,47 +150,79 @@ def view_geometry(view, base):
     return dict(shape=tuple(v.shape), strides=strides, offset=offset)
 
 
-def check_inplace(target):
-    """torch's refusals of in-place ops that would give wrong or ambiguous grads."""
+def forward_op_name(node) -> str:
+    """What torch's messages call the op of a node (its forward_op_name): the custom
+    Function's name for its node, else the node's name without "Backward"."""
+    fwd = getattr(type(node), "_forward_cls", None)
+    if fwd is not None:
+        return fwd.__name__
+    name = node.name()
+    return name[:-len("Backward")] if name.endswith("Backward") else name
+
+
+_REBASE_SUFFIX = {
+    "multi_output": " This view is the output of a function that returns multiple views. "
+                    "Such functions do not allow the output views to be modified inplace. You "
+                    "should replace the inplace operation by an out-of-place one.",
+    "no_grad": " Given that this use case is ambiguous and error-prone, it is forbidden. You "
+               "can clarify your code by moving both the view and the inplace either both "
+               "inside the no_grad block (if you don't want the inplace to be tracked) or "
+               "both outside (if you want the inplace to be tracked).",
+    "custom_function": " This view was created inside a custom Function (or because an input "
+                       "was returned as-is) and the autograd logic to handle view+inplace "
+                       "would override the custom backward associated with the custom "
+                       "Function, leading to incorrect gradients. This behavior is forbidden. "
+                       "You can fix this by cloning the output of the custom Function.",
+}
+
+
+def _view_rebase_error(target) -> RuntimeError:
+    """torch's handle_view_on_rebase: why a view made in a special way (``_creation``:
+    "no_grad", "custom_function", "multi_output", or (kind, output_nr, op name) for
+    the outputs of split) may not be modified in place."""
+    kind, fn, nr = target._creation, target._grad_fn, target._output_nr
+    name = None if fn is None else forward_op_name(fn)
+    if type(kind) is tuple:
+        kind, nr, name = kind if fn is not None else (kind[0], nr, None)
+    if kind == "no_grad" or name is None:
+        prefix = ("A view was created in" if name is None else
+                  f"Output {nr} of {name} is a view of a view which was created in")
+        msg = f"{prefix} no_grad mode and is being modified inplace with grad mode enabled."
+    else:
+        msg = f"Output {nr} of {name} is a view and is being modified inplace."
+    return RuntimeError(msg + _REBASE_SUFFIX[kind])
+
+
+def _needs_grad(t) -> bool:
+    """torch's requires_grad of a tensor (a view's includes its base's)."""
+    return (t._requires_grad or t._grad_fn is not None
+            or (t._base is not None and _needs_grad(t._base)))
+
+
+def check_inplace(target, others=()):
+    """torch's refusals of in-place ops that would give wrong or ambiguous grads
+    (check_inplace in VariableTypeUtils.h: only when the op needs grad)."""
     if not is_grad_enabled():
         return
-    if target._requires_grad and target._grad_fn is None and target._base is None:
+    target_needs = _needs_grad(target)
+    if not (target_needs or any(isinstance(a, TensorBase) and _needs_grad(a) for a in others)):
+        return
+    base = target._base
+    if base is not None:
+        if target._creation is not None:
+            raise _view_rebase_error(target)
+        if target_needs and base._grad_fn is None:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
+                               "an in-place operation.")
+    elif target._requires_grad and target._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an "
                            "in-place operation.")
-    base = target._base
-    if base is None:
-        return
-    if base._grad_fn is None and base._requires_grad:
-        raise RuntimeError("a view of a leaf Variable that requires grad is being used in "
-                           "an in-place operation.")
-    if target._creation == "custom_function":
-        name = target._grad_fn.name() if target._grad_fn is not None else "a custom Function"
-        raise RuntimeError(
-            f"Output {target._output_nr} of {name} is a view and is being modified inplace. "
-            "This view was created inside a custom Function (or because an input was "
-            "returned as-is) and the autograd logic to handle view+inplace would override "
-            "the custom backward associated with the custom Function, leading to incorrect "
-            "gradients. This behavior is forbidden. You can fix this by cloning the output "
-            "of the custom Function.")
-    if isinstance(target._creation, tuple):    # ("multi_view", i): an output of split
-        raise RuntimeError(
-            f"Output {target._creation[1]} of Split is a view and is being modified inplace. "
-            "This view is the output of a function that returns multiple views. Such "
-            "functions do not allow the output views to be modified inplace. You should "
-            "replace the inplace operation by an out-of-place one.")
-    if target._creation == "no_grad" and base.requires_grad:
-        raise RuntimeError(
-            "A view was created in no_grad mode and is being modified inplace with grad "
-            "mode enabled. Given that this use case is ambiguous and error-prone, it is "
-            "forbidden. You can clarify your code by moving both the view and the inplace "
-            "either both inside the no_grad block (if you don't want the inplace to be "
-            "tracked) or both outside (if you want the inplace to be tracked).")
 
 
 def apply_inplace(prim, args, params):
     """``args[0].<prim>_(*args[1:])``: compute, write in place, rebase history."""
     target = args[0]
-    check_inplace(target)
+    check_inplace(target, args[1:])
     arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
     out = run_kernel(prim, arrays, params)
     if tuple(np.shape(out)) != target.shape:

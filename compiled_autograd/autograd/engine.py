@@ -42,6 +42,11 @@ def _shape_str(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _torch_size(shape):
+    """A shape as torch's Python messages print it: torch.Size([2, 2])."""
+    return f"torch.Size({_shape_str(shape)})"
+
+
 def make_root_grads(tensors, grad_tensors, create_graph):
     """[((node, input_nr), initial gradient)] of a backward from ``tensors``, checked."""
     if grad_tensors is None:
@@ -70,7 +75,8 @@ def make_root_grads(tensors, grad_tensors, create_graph):
             if tuple(g.shape) != tuple(t.shape):
                 raise RuntimeError(
                     f"Mismatch in shape: grad_output[{i}] has a shape of "
-                    f"{_shape_str(g.shape)} and output[{i}] has a shape of {_shape_str(t.shape)}.")
+                    f"{_torch_size(g.shape)} and output[{i}] has a shape of "
+                    f"{_torch_size(t.shape)}.")
             if g.dtype.kind not in "fc":
                 raise RuntimeError(f"For complex Tensors, both grad_output and output are "
                                    f"required to have the same dtype. Mismatch in dtype: "

@@ -109,6 +109,19 @@ def where(condition, input, other) -> Tensor:
     return _methods.where(condition, input, other, make=Tensor._make)
 
 
+def pow(input, exponent) -> Tensor:
+    """``input ** exponent`` (torch.pow): ``input`` may be a Python number when
+    ``exponent`` is a Tensor."""
+    if isinstance(input, Tensor):
+        return input.pow(exponent)
+    if isinstance(exponent, Tensor) and isinstance(input, (int, float, bool, np.number)):
+        return exponent.__rpow__(input)
+    raise TypeError(f"pow() received an invalid combination of arguments - got "
+                    f"({type(input).__name__}, {type(exponent).__name__}), but expected one "
+                    "of: (Tensor input, Tensor exponent), (Number self, Tensor exponent), "
+                    "(Tensor input, Number exponent)")
+
+
 def maximum(input, other) -> Tensor:
     return _methods.maximum(input, other, make=Tensor._make)
 

@@ -278,24 +278,37 @@ class Function(metaclass=_FunctionMeta):
         with memory.category("activation") if is_grad_enabled() and memory.active() \
                 else contextlib.nullcontext(), no_grad():
             outputs = cls.forward(ctx, *args, **kwargs)
-        if not (is_grad_enabled() and any(needs)):
-            return outputs
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
+        if not (is_grad_enabled() and any(needs)):
+            # (torch marks the views made inside the forward all the same)
+            inputs = {id(a) for a in args if isinstance(a, Tensor)}
+            for o in outs:
+                if isinstance(o, Tensor) and o._base is not None and id(o) not in inputs:
+                    o._creation = "custom_function"
+            return outputs
         edges = [gradient_edge(a) if n else (None, 0) for a, n in zip(args, needs)]
         Node.__init__(ctx, edges, [(o.shape, o.dtype) if isinstance(o, Tensor) else None
                                    for o in outs])
         inputs = {id(a) for a in args if isinstance(a, Tensor)}
+        differentiable = [isinstance(o, Tensor) and id(o) not in ctx._non_differentiable
+                          and o.dtype.kind in "fc" for o in outs]
+        # As torch: the views among the outputs may not be modified in place, those of
+        # a Function with several differentiable outputs as "multiple views".
+        creation = "multi_output" if sum(differentiable) > 1 else "custom_function"
         wrapped = []
         for i, o in enumerate(outs):
             if isinstance(o, Tensor):
                 if id(o) in inputs:
                     o = make_view(o._data, o)  # an input returned: alias it
-                    o._creation = "custom_function"
+                    o._creation = creation
                 elif o._base is not None:
-                    o._creation = "custom_function"    # a view made inside the forward
-                if id(outs[i]) not in ctx._non_differentiable and o.dtype.kind in "fc":
+                    o._creation = creation     # a view made inside the forward
+                if differentiable[i]:
                     o._grad_fn, o._output_nr = ctx, i
+                    # A view modified in place inside the forward keeps this grad_fn
+                    # (torch's set_gradient_edge sets the view's attr_version).
+                    o._view_version = o._version_counter.value
             wrapped.append(o)
         # An input returned as-is and saved is saved as the input it is.
         produced = {id(o): w for o, w in zip(outs, wrapped)

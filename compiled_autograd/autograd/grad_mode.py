@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 
 _state = threading.local()
@@ -33,12 +34,43 @@ class _GradMode:
         return False
 
     def __call__(self, fn):
-        """Use as a decorator."""
+        """Use as a decorator (of a generator function too: its body runs in this
+        mode at every step, as torch's _wrap_generator)."""
+        if inspect.isgeneratorfunction(fn):
+            return _wrap_generator(type(self), fn)
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with type(self)():
                 return fn(*args, **kwargs)
         return wrapper
+
+
+def _wrap_generator(mode, fn):
+    """``fn``'s generator, each of its steps (and its close) run under ``mode()``; the
+    caller's mode is back whenever the generator yields."""
+    @functools.wraps(fn)
+    def generator_context(*args, **kwargs):
+        gen = fn(*args, **kwargs)
+        try:
+            with mode():
+                response = gen.send(None)
+            while True:
+                try:
+                    request = yield response
+                except GeneratorExit:
+                    with mode():
+                        gen.close()
+                    raise
+                except BaseException as e:   # thrown in by the caller: forwarded
+                    with mode():
+                        response = gen.throw(e)
+                else:
+                    with mode():
+                        response = gen.send(request)
+        except StopIteration as e:
+            return e.value
+    return generator_context
 
 
 class no_grad(_GradMode):

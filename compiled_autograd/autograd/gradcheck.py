@@ -38,14 +38,14 @@ def _numerical(fn, inputs, diff_inputs, outputs, eps):
     # Grad mode stays on: fn may itself call autograd.grad (gradient penalties).
     jac = [[np.zeros((x.numel(), o.numel())) for o in outputs] for x in diff_inputs]
     for k, x in enumerate(diff_inputs):
-        flat = x._data.reshape(-1)  # a view: perturb in place, restore after
-        for i in range(flat.size):
-            orig = flat[i]
-            flat[i] = orig + eps
+        data = x._data  # perturbed in place (whatever its strides), restored after
+        for i, idx in enumerate(np.ndindex(data.shape)):
+            orig = data[idx]
+            data[idx] = orig + eps
             plus = [o._data.astype(np.float64).reshape(-1) for o in _outputs(fn, inputs)]
-            flat[i] = orig - eps
+            data[idx] = orig - eps
             minus = [o._data.astype(np.float64).reshape(-1) for o in _outputs(fn, inputs)]
-            flat[i] = orig
+            data[idx] = orig
             for oi in range(len(outputs)):
                 jac[k][oi][i, :] = (plus[oi] - minus[oi]) / (2 * eps)
     return jac
@@ -62,9 +62,23 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True) 
         if x.dtype != np.float64:
             raise GradcheckError(f"Input #{i} requires gradient and is not a double precision "
                                  f"floating point ({x.dtype.name}); gradcheck needs float64")
-        if not x._data.flags.c_contiguous or x._base is not None:
-            raise GradcheckError(f"Input #{i} must be a contiguous leaf tensor")
+    for i, x in enumerate(inputs):
+        if (isinstance(x, Tensor) and x.requires_grad and x.numel() > 0
+                and any(st == 0 and sz > 1 for st, sz in zip(x._data.strides, x.shape))):
+            raise RuntimeError(
+                f"The {i}th input has a dimension with stride 0. gradcheck only supports "
+                "inputs that are non-overlapping to be able to compute the numerical "
+                "gradients correctly. You should call .contiguous on the input before "
+                "passing it to gradcheck.")
     outputs = _outputs(fn, inputs)
+    if not any(isinstance(o, Tensor) and o.requires_grad for o in outputs):
+        # torch's _check_no_differentiable_outputs: the numerical gradient must be zero
+        for per_input in _numerical(fn, inputs, diff_inputs, outputs, eps):
+            if any(np.count_nonzero(jac) for jac in per_input):
+                if not raise_exception:
+                    return False
+                raise GradcheckError("Numerical gradient for function expected to be zero")
+        return True
     analytic = _analytic(outputs, diff_inputs)
     numerical = _numerical(fn, inputs, diff_inputs, outputs, eps)
     for k in range(len(diff_inputs)):

@@ -223,11 +223,11 @@ def _replaced(result, grads, hook, create_graph):
 def retain(t, g):
     """retain_grad: ``t.grad`` becomes (or adds) ``g``, never an alias of it."""
     if isinstance(g, TensorBase):  # create_graph: a differentiable copy
-        t.grad = ops.copy(g) if t.grad is None else t.grad + g
+        t._grad = ops.copy(g) if t._grad is None else t._grad + g
         return
-    stored = g.copy() if t.grad is None else t.grad._data + g
+    stored = g.copy() if t._grad is None else t._grad._data + g
     on_array(stored, "retain_grad")
-    t.grad = t._make(stored)
+    t._grad = t._make(stored)
 
 
 def run_post_accumulate_grad_hooks(variable):

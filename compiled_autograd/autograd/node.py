@@ -23,6 +23,7 @@ versions.
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 
 import numpy as np
@@ -249,28 +250,33 @@ def accumulate_into(variable, g, owned=False) -> None:
     flowing through the backward may be shared views, unless the caller ``owned``
     a fresh C-contiguous array nobody else holds); later ones are added in place,
     so ``.grad`` stays the same object. Under create_graph (Tensor gradients)
-    accumulation is out of place and differentiable."""
-    grad = variable.grad
-    if type(g) is not np.ndarray:
-        # A copy (differentiable): g may be shared with another leaf or be the
-        # caller's own gradient tensor.
-        variable.grad = ops.copy(g) if grad is None else grad + g
-        return
-    if grad is None:
-        dtype = variable._data.dtype
-        if owned and g.dtype == dtype and g.flags.c_contiguous:
-            stored = g
-        else:
-            stored = np.array(g, dtype=dtype, order="C", copy=True)
+    accumulation is out of place and differentiable. Under the leaf's lock, as
+    torch's: two threads' backwards may accumulate into one leaf at once."""
+    lock = variable._grad_lock
+    if lock is None:
+        lock = _leaf_lock(variable)
+    with lock:
+        grad = variable._grad
+        if type(g) is not np.ndarray:
+            # A copy (differentiable): g may be shared with another leaf or be the
+            # caller's own gradient tensor.
+            variable._grad = ops.copy(g) if grad is None else grad + g
+            return
+        if grad is None:
+            dtype = variable._data.dtype
+            if owned and g.dtype == dtype and g.flags.c_contiguous:
+                stored = g
+            else:
+                stored = np.array(g, dtype=dtype, order="C", copy=True)
+                on_array(stored, "AccumulateGrad")
+            variable._grad = variable._make(stored)
+        elif grad.requires_grad:
+            stored = np.add(grad._data, g)
             on_array(stored, "AccumulateGrad")
-        variable.grad = variable._make(stored)
-    elif grad.requires_grad:
-        stored = np.add(grad._data, g)
-        on_array(stored, "AccumulateGrad")
-        variable.grad = variable._make(stored)
-    else:
-        np.add(grad._data, g, out=grad._data, casting="same_kind")
-        grad._version_counter.value += 1
+            variable._grad = variable._make(stored)
+        else:
+            np.add(grad._data, g, out=grad._data, casting="same_kind")
+            grad._version_counter.value += 1
 
 
 def gradient_edge(t):
@@ -284,13 +290,30 @@ def gradient_edge(t):
     return None, 0
 
 
+# Makes a leaf's AccumulateGrad node and its accumulation lock, once each, whichever
+# thread comes first (torch's autograd_meta mutex).
+_leaf_state_lock = threading.Lock()
+
+
+def _leaf_lock(variable):
+    with _leaf_state_lock:
+        if variable._grad_lock is None:
+            variable._grad_lock = threading.Lock()
+        return variable._grad_lock
+
+
 def grad_accumulator(tensor) -> AccumulateGrad:
-    """The (cached, weakly held) AccumulateGrad node of a leaf that requires grad."""
+    """The (cached, weakly held) AccumulateGrad node of a leaf that requires grad:
+    one node per leaf, even when threads' forwards ask for it at once."""
     ref = tensor._grad_acc_ref
     acc = ref() if ref is not None else None
     if acc is None:
-        acc = AccumulateGrad(tensor)
-        tensor._grad_acc_ref = weakref.ref(acc)
+        with _leaf_state_lock:
+            ref = tensor._grad_acc_ref
+            acc = ref() if ref is not None else None
+            if acc is None:
+                acc = AccumulateGrad(tensor)
+                tensor._grad_acc_ref = weakref.ref(acc)
     return acc
 
 

@@ -93,6 +93,10 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
                                "require gradients")
         self._requires_grad = value
 
+    @requires_grad.deleter
+    def requires_grad(self):
+        raise RuntimeError("requires_grad must be a bool")   # (torch's setter, given NULL)
+
     def requires_grad_(self, requires_grad=True):
         self.requires_grad = requires_grad
         return self

@@ -27,8 +27,23 @@ class VersionCounter:
 def type_name(dtype) -> str:
     """torch-style type name: float32 -> FloatTensor."""
     names = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long",
-             "int32": "Int", "bool": "Bool", "int8": "Char", "uint8": "Byte"}
+             "int32": "Int", "int16": "Short", "bool": "Bool", "int8": "Char", "uint8": "Byte"}
     return f"ca.{names.get(np.dtype(dtype).name, np.dtype(dtype).name)}Tensor"
+
+
+_META_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half",
+               "int64": "long int", "int32": "int", "int16": "short int",
+               "int8": "signed char", "uint8": "unsigned char", "bool": "bool"}
+
+
+def _meta_name(dtype) -> str:
+    """torch's TypeMeta name of a dtype in messages: float32 -> 'float'."""
+    return _META_NAMES.get(np.dtype(dtype).name, np.dtype(dtype).name)
+
+
+def _scalar_name(dtype) -> str:
+    """torch's ScalarType name of a dtype in messages: float32 -> 'Float'."""
+    return type_name(dtype)[len("ca."):-len("Tensor")]
 
 
 def as_ndarray(data, dtype=None):
@@ -48,8 +63,9 @@ class TensorBase:
     """Storage, version counter and autograd state of a tensor (see the module doc)."""
 
     __slots__ = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_version_counter",
-                 "_base", "_view_version", "grad", "_grad_acc_ref", "_retains_grad",
-                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "__weakref__")
+                 "_base", "_view_version", "_grad", "_grad_acc_ref", "_retains_grad",
+                 "_backward_hooks", "_post_accumulate_grad_hooks", "_creation", "_grad_lock",
+                 "__weakref__")
 
     def _init(self, data):
         self._data = data
@@ -63,7 +79,7 @@ class TensorBase:
         self._version_counter = VersionCounter()
         self._base = None
         self._view_version = 0
-        self.grad = None
+        self._grad = None
         self._grad_acc_ref = None
         self._retains_grad = False
         self._backward_hooks = None
@@ -72,11 +88,44 @@ class TensorBase:
         # "no_grad" (made without history), "custom_function" (a Function's output)
         # or ("multi_view", i) (output i of split/chunk).
         self._creation = None
+        self._grad_lock = None   # made on the first accumulation (node.accumulate_into)
 
     @staticmethod
     def _make(data):
         """A new plain Tensor over ``data`` with no history (defined by Tensor)."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------ .grad
+
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        """torch's checks (THPVariable_set_grad): a Tensor of this one's dtype and
+        size, not the tensor itself, or None."""
+        if value is not None:
+            if not isinstance(value, TensorBase):
+                raise TypeError("assigned grad expected to be a Tensor or None but got grad "
+                                f"of type {type(value).__name__}")
+            if value is self:
+                raise RuntimeError("can't assign Variable as its own grad")
+            if value.dtype != self.dtype:
+                raise RuntimeError(
+                    f"attempting to assign a gradient with dtype '{_meta_name(value.dtype)}' "
+                    f"to a tensor with grad_dtype '{_scalar_name(self.dtype)}'. The gradient "
+                    "must match the tensor's grad_dtype (defaults to the tensor's dtype).")
+            if value.shape != self.shape:
+                raise RuntimeError(
+                    f"attempting to assign a gradient of size '{list(value.shape)}' to a "
+                    f"tensor of size '{list(self.shape)}'. Please ensure that the gradient "
+                    "and the tensor are the same size")
+        self._grad = value
+
+    @grad.deleter
+    def grad(self):
+        self._grad = None   # as torch: deleting .grad resets it
 
     # ------------------------------------------------------------ metadata
 

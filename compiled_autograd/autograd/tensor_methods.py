@@ -396,11 +396,12 @@ def _split(self, split_size_or_sections, dim=0):
     for size in sizes:
         out.append(ops.slice(self, dim=d, start=start, stop=start + size, step=1))
         start += size
-    if is_grad_enabled() and self.requires_grad:
+    if is_grad_enabled():
         # As torch: the views of a function that returns several may not be
-        # modified in place (dispatch.check_inplace says so).
+        # modified in place (dispatch.check_inplace says so, naming torch's op).
+        name = "Split" if isinstance(split_size_or_sections, int) else "SplitWithSizes"
         for i, view in enumerate(out):
-            view._creation = ("multi_view", i)
+            view._creation = ("multi_output", i, name)
     return tuple(out)
 
 
@@ -418,13 +419,26 @@ def cat(tensors, dim=0, make=None):
     tensors = [_as_tensor(t, make) for t in tensors]
     if not tensors:
         raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
-    d = norm_dim(dim, tensors[0].ndim)
-    for t in tensors[1:]:
-        if t.ndim != tensors[0].ndim or any(
-                a != b for i, (a, b) in enumerate(zip(t.shape, tensors[0].shape)) if i != d):
-            raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected "
-                               f"size {tensors[0].shape} but got size {t.shape} for a tensor in "
-                               "the list.")
+    # torch skips legacy empty tensors (1-d, size 0) next to others: they join as an
+    # empty slice of the first other tensor's shape (a reshape, so they still get their
+    # (empty) gradient); dim and the checks go by that first other tensor.
+    ref = next((t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)), tensors[0])
+    d = norm_dim(dim, ref.ndim)
+    for k, t in enumerate(tensors):
+        if t.ndim == 1 and t.shape[0] == 0:
+            continue
+        if t.ndim != ref.ndim:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.ndim} "
+                               f"and {t.ndim}")
+        for i, (a, b) in enumerate(zip(ref.shape, t.shape)):
+            if i != d and a != b:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. "
+                                   f"Expected size {a} but got size {b} for tensor number {k} "
+                                   "in the list.")
+    if ref.ndim != 1:
+        empty = ref.shape[:d] + (0,) + ref.shape[d + 1:]
+        tensors = [ops.reshape(t, shape=empty) if t.ndim == 1 and t.shape[0] == 0 else t
+                   for t in tensors]
     return ops.cat(*tensors, dim=d)
 
 
