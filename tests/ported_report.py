@@ -10,7 +10,9 @@ Each ported test names its origin in a comment, ``# torch: test_autograd.py::...
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
+import io
 import os
 import re
 import sys
@@ -59,8 +61,9 @@ class _Outcomes:
 def main():
     collector = _Outcomes()
     files = sorted(glob.glob(os.path.join(HERE, "test_ported_*.py")))
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "--no-header", "-o",
-                        "addopts=", "--tb=no", "-qq"] + files, plugins=[collector])
+    with contextlib.redirect_stdout(io.StringIO()):    # (pytest's progress)
+        code = pytest.main(["-p", "no:cacheprovider", "-o", "addopts=", "--tb=short", "-q"]
+                           + files, plugins=[collector])
     where = origins()
     by_source = collections.defaultdict(lambda: {"tests": set(), "items": 0,
                                                  "passed": 0, "xfailed": 0, "other": 0})
@@ -85,9 +88,14 @@ def main():
     for source, row in sorted(by_source.items()):
         print(f"{source:<28}{len(row['tests']):>13}{row['items']:>14}{row['passed']:>8}"
               f"{row['xfailed']:>9}{row['other']:>7}")
-    print("\nknown differences (strict xfails), by reason:")
+    print("\nknown differences (strict xfails), by reason: pytest items (tests)")
     for reason, n in reasons.most_common():
-        print(f"{n:>4}  {reason}")
+        tests = {f for _, f, o, r in collector.items if r == reason}
+        print(f"{n:>4} ({len(tests)})  {reason}")
+    failed = [f"{file}::{function}" for file, function, outcome, _ in collector.items
+              if outcome not in ("passed", "xfailed")]
+    if failed:
+        print("\nnot passing:", *sorted(set(failed)), sep="\n  ")
     return code
 
 
