@@ -425,3 +425,32 @@ def test_post_hooks_see_validated_gradients(backend):
             y.sum().backward()
         assert_backend_matches(backend or "eager", [2.0, 2.0, 2.0], x.grad.numpy())
     assert seen == [(3,), (3,)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_inline_trace_leaves_ctx_as_it_was(backend):
+    seen = []
+
+    class SetsAnAttribute(Function):
+        inline_backward = True
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(hasattr(ctx, "calls"))
+            ctx.calls = 1
+            if g.sum().item() > 0:       # (cannot be traced: it runs as Python)
+                return g * 2.0
+            return g
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    with ca.compiled_backward(backend=backend):
+        SetsAnAttribute.apply(x).sum().backward()
+        SetsAnAttribute.apply(x).sum().backward()
+    # The failed trace attempt, then the first backward's eager run, then the
+    # second's compiled run (a cache hit): each finds ctx without what the
+    # attempt set.
+    assert seen == [False, False, False]
+    assert_backend_matches(backend, [4.0, 4.0], x.grad.numpy())

@@ -175,6 +175,9 @@ class FunctionBackward(Node):
             return self._grads_out(result, keep_tensors=True)
         finally:
             self._swapped = None
+            for k, _ in self._user_attrs():       # (set by the traced backward)
+                if k not in originals:
+                    del self.__dict__[k]
             self.__dict__.update(originals)
             for sv in self.saved_variables():
                 saved.after(sv)
