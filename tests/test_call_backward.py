@@ -454,3 +454,29 @@ def test_a_failed_inline_trace_leaves_ctx_as_it_was(backend):
     # attempt set.
     assert seen == [False, False, False]
     assert_backend_matches(backend, [4.0, 4.0], x.grad.numpy())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_none_decided_by_a_flag_on_ctx_is_exact(backend):
+    class MaybeY(Function):
+        @staticmethod
+        def forward(ctx, x, y, flag):
+            ctx.flag = flag
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, (g * 5 if ctx.flag else None), None
+    for flag in (True, True, False, True, False, False):
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with ca.compiled_backward(backend=backend):
+                MaybeY.apply(x, y, flag).sum().backward()
+        assert (y.grad.numpy().tolist() if flag else y.grad) == ([5.0, 5.0] if flag else None)
+    stats = ca.compiled_autograd_stats()
+    # A graph per flag (the flag is keyed), learned by its first backward (eager):
+    # flag=False's returned a None its graph did not expect, so it was traced
+    # again at its second backward; every other backward is a hit.
+    assert (stats["captures"], stats["cache_hits"]) == (3, 3)

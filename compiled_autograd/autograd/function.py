@@ -135,7 +135,12 @@ class FunctionBackward(Node):
         args.collect(self.materialize_grads)
         args.collect_hook("call_backward", None, self)   # the ctx the node calls with
         args.collect(tuple(sv is None for sv in (self._saved or ())))   # Nones saved
-        if self._forward_cls.inline_backward:
+        if not self._forward_cls.inline_backward:
+            # Which gradients a backward returns as None is traced into its graph
+            # (compiled.api learns it); a flag on ctx often decides it: key them.
+            args.collect(tuple((k, v) for k, v in self._user_attrs()
+                               if v is None or v.__class__ is bool))
+        else:
             args.collect_sizes(self._output_shapes(), owner=self)
             for key, value in self._user_attrs():
                 # What a traced backward reads from ctx is baked into the graph:
