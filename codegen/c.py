@@ -83,6 +83,7 @@ class Site:
         self.alloc: list = []         # "out" storages Python allocates at this callback
         self.open_blocks: list = []   # arena blocks Python allocates at its end
         self.close_blocks: list = []  # arena blocks Python drops at its start
+        self.early: list = []         # release sites left out, run first (fold_releases)
 
 
 class CProgram:
@@ -459,6 +460,7 @@ class Emitter:
         prog.arena_index = {s: i for i, s in enumerate(prog.arena_storages)}
         lazy = c_memory.allocate_outputs_late(prog, self.stmts)
         late_arena = c_memory.plan_arena_blocks(prog, self.stmts)
+        c_memory.fold_releases(prog, self.stmts)
         # Every pointer some statement names: its C type, name and initial value.
         # (An input only hooks or the output read is never named in C.)
         named = set().union(*(st.uses for st in self.stmts))

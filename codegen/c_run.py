@@ -251,6 +251,10 @@ class CBackward:
         frame = self._threads.frames[-1]
         try:
             site = self.prog.sites[index]
+            for early in site.early:    # release callbacks folded into this one
+                self._flush(frame, early.step)
+                for s in early.release:
+                    frame.store.pop(s, None)
             self._close_blocks(frame, site.close_blocks)
             self._allocate(frame, site.alloc)
             self._flush(frame, site.step)
