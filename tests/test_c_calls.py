@@ -248,3 +248,15 @@ def test_two_threads_run_one_compiled_backward_with_callbacks():
     for grads in results.values():
         for g, p in zip(grads, ex.parameters()):
             np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_release_callback_with_nothing_else_to_do_is_folded_into_the_next():
+    g = ca.trace_backward(build("transformer", checkpoint="layer", **TRANSFORMER).loss())
+    prog = CBackward(g.graph, build=False).prog
+    folded = [early for site in prog.sites for early in site.early]
+    assert folded and all(e.kind == "release" and not (e.alloc or e.open_blocks or
+                                                      e.close_blocks) for e in folded)
+    calls = prog.source.count("if (cb(")
+    assert calls == len(prog.sites) - len(folded)
+    for e in folded:       # not in the C: the next callback drops its arrays first
+        assert f"if (cb({e.index}, NULL))" not in prog.source
