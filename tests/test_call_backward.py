@@ -480,3 +480,20 @@ def test_a_none_decided_by_a_flag_on_ctx_is_exact(backend):
     # flag=False's returned a None its graph did not expect, so it was traced
     # again at its second backward; every other backward is a hit.
     assert (stats["captures"], stats["cache_hits"]) == (3, 3)
+
+
+def test_a_user_compiler_gets_the_node_and_runs_it():
+    seen = []
+
+    def compiler(gm):
+        seen.append([n.target for n in gm.graph.nodes if n.op == "call_hook"])
+        assert "_h_call_backward(" in gm.code
+        return gm
+    calls = []
+    fn = _logged_square(calls)
+    for i in range(3):
+        x = ca.tensor([1.0, 2.0 + i], requires_grad=True)
+        with ca.compiled_backward(backend=compiler):
+            fn.apply(x).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0 * (2 + i)])
+    assert seen == [["call_backward", "accumulate_grad"]] and len(calls) == 3
