@@ -18,6 +18,9 @@ from compiled_autograd import autograd, memory, nn, utils  # noqa: E402
 from compiled_autograd.compiled.api import compiled_backward, trace_backward
 from compiled_autograd.compiled.backends import register_backend
 from compiled_autograd.compiled.cache import compiled_autograd_stats, reset_compiled_autograd
+from compiled_autograd.memory.profile import set_compile_stats as _set_compile_stats
+
+_set_compile_stats(compiled_autograd_stats)   # a profile notes the compiles inside it
 
 float32 = _np.float32
 float64 = _np.float64

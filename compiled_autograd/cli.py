@@ -19,7 +19,7 @@ from compiled_autograd import demo
 from compiled_autograd.autograd.node import AccumulateGrad
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.examples import build
-from compiled_autograd.memory.report import write_report
+from compiled_autograd.memory.report import LARGEST_TITLE, largest_live, write_report
 
 
 class UsageError(Exception):
@@ -81,6 +81,11 @@ def _script(path):
         raise UsageError(f"no such script: {path}")
     spec = importlib.util.spec_from_file_location("ca_user_model", path)
     module = importlib.util.module_from_spec(spec)
+    # As ``python model.py`` does: the script's folder comes first on sys.path, so
+    # that it can import the modules next to it.
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
@@ -209,14 +214,23 @@ def _mb(nbytes):
     return f"{nbytes:9d} B  "
 
 
+def _check_report_path(path):
+    """Before any measurement: a file name with a known suffix (any case), in a
+    writable folder, that is not a directory."""
+    if os.path.isdir(path):
+        raise UsageError(f"--report {path!r} is a directory; give a file name such as "
+                         f"{os.path.join(path, 'report.html')!r}")
+    if os.path.splitext(path)[1].lower() not in (".html", ".txt", ".json"):
+        raise UsageError(f"--report must end in .html, .txt or .json, got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the report: {folder} is not a writable directory")
+
+
 def cmd_memory(args, out):
-    model = load_model(args)
     if args.report:
-        if os.path.splitext(args.report)[1] not in (".html", ".txt", ".json"):
-            raise UsageError("--report must end in .html, .txt or .json")
-        folder = os.path.dirname(os.path.abspath(args.report))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise UsageError(f"cannot write the report: {folder} is not a writable directory")
+        _check_report_path(args.report)
+    model = load_model(args)
     rows, profiles = [], {}
     for label, unpack in (("eager autograd", None), ("compiled, progressive", "progressive"),
                           ("compiled, upfront", "upfront")):
@@ -253,21 +267,24 @@ def cmd_memory(args, out):
         f"progressive / upfront: {prof.peak_bytes / upfront.peak_bytes:.2f}   "
         f"planned / measured: {plan.peak_bytes / prof.peak_bytes:.2f}")
     peak = next(s for s in plan.steps if s.node == plan.peak_node)
-    out(f"planned peak at node {plan.peak_node} ({peak.source}); largest live values:")
-    for v in plan.live_at_peak[:5]:
-        out(f"  {v.name:<24} {v.bytes:>12,} bytes  {v.category:<11} {v.source or ''}")
+    out(f"planned peak at graph node #{peak.index} {plan.peak_node} ({peak.source})")
+    out(f"compiled, progressive: {LARGEST_TITLE}:")
+    for v in largest_live(prof.timeline, plan, k=5):
+        out(f"  {v['bytes']:>12,} bytes  {v['category']:<11} {v['made_by']}")
     events = [s for s in plan.steps if s.event in ("recompute", "reload")]
     if events:
-        out(f"{len(events)} recompute/reload events; first at step {events[0].index} "
-            f"({events[0].node}, {events[0].event}, {events[0].allocated:,} bytes)")
+        out(f"{len(events)} recompute/reload graph nodes; first: graph node #{events[0].index} "
+            f"{events[0].node} ({events[0].event}, {events[0].allocated:,} bytes planned)")
     if args.report:
-        planned = [(s.node, s.peak_bytes) for s in plan.steps]
         write_report(prof.timeline, args.report, title=f"Backward memory: {model.description}",
-                     peak_bytes=prof.peak_bytes, planned=planned, summary_rows=[
+                     peak_bytes=prof.peak_bytes, planned=plan,
+                     run=f"compiled, backend {args.backend}, progressive unpacking; a cache hit "
+                         f"(the capture and compile ran before the profile)",
+                     summary_rows=[
                          (label, f"{_mb(p.peak_bytes).strip()} measured"
                           + (f", {_mb(pl.peak_bytes).strip()} planned" if pl else ""))
                          for label, pl, p in rows])
-        out(f"report written to {args.report}")
+        out(f"report written to {args.report} (the compiled, progressive run)")
     return 0
 
 

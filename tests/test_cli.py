@@ -100,3 +100,58 @@ def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "compiled_autograd", "trace", *SMALL,
                            "--format", "graph"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "call_hook[accumulate_grad]" in proc.stdout
+
+
+def test_script_imports_modules_next_to_it(tmp_path):
+    (tmp_path / "helper_ca_w.py").write_text(
+        "import compiled_autograd as ca\n"
+        "ca.manual_seed(0)\n"
+        "W = ca.randn(4, 4, requires_grad=True)\n")
+    script = tmp_path / "model.py"
+    script.write_text("import compiled_autograd as ca\n"
+                      "from helper_ca_w import W\n"
+                      "x = ca.randn(3, 4)\n"
+                      "def model():\n"
+                      "    return (x @ W).tanh().sum()\n")
+    code, text = run_cli(["run", "--script", str(script), "--backend", "eager"])
+    assert code == 0 and "gradients of 1 tensors" in text
+
+
+def test_report_checks_its_path_before_measuring(tmp_path, capsys, monkeypatch):
+    import compiled_autograd.cli as cli
+    monkeypatch.setattr(cli, "load_model", lambda args: pytest.fail("measured first"))
+    folder = tmp_path / "r.html"
+    folder.mkdir()
+    for path in (folder, tmp_path):
+        assert main(["memory", *SMALL, "--report", str(path)], out=lambda s: None) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("compiled-autograd: error: --report") and "is a directory" in err
+        assert err.count("\n") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_report_suffix_in_any_case(tmp_path):
+    code, text = run_cli(["memory", *SMALL, "--checkpoint", "--report", str(tmp_path / "R.HTML")])
+    assert code == 0 and "<svg" in (tmp_path / "R.HTML").read_text()
+
+
+def test_memory_lists_the_pages_largest_values(tmp_path):
+    from compiled_autograd.memory.report import LARGEST_TITLE
+    code, text = run_cli(["memory", *SMALL, "--checkpoint", "--report", str(tmp_path / "r.html")])
+    html = (tmp_path / "r.html").read_text()
+    listed = text.split(LARGEST_TITLE + ":", 1)[1].splitlines()
+    rows = [line.split("bytes", 1)[1].split(None, 1) for line in listed if line.startswith("  ")]
+    assert code == 0 and rows
+    for category, made_by in rows:
+        assert f"<td>{category}</td><td>{made_by}</td>" in html
+    assert "step" not in text.lower()
+    assert "compiled, backend python, progressive unpacking" in html
+
+
+def test_docs_script_example_runs():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    script = root / "docs" / "examples" / "my_model.py"
+    assert script.read_text().strip() in (root / "docs" / "usage.md").read_text()
+    code, text = run_cli(["memory", "--script", str(script)])
+    assert code == 0 and "largest values live at the peak" in text

@@ -77,3 +77,18 @@ def test_last_uses_follows_the_read_positions_it_is_given():
     uses = g.last_uses(position)
     assert uses[a] == [x] and b not in uses
     assert sorted(n.name for n in uses[c]) == sorted([a.name, b.name])
+
+
+def test_table_prints_what_it_documents():
+    ex = build("mlp", layers=2, width=8, batch=4, checkpoint="layer")
+    sched = ca.trace_backward(ex.loss()).memory_schedule()
+    full = sched.table()
+    assert f"planned peak {sched.peak_bytes:,} bytes at graph node {sched.peak_node}" in full
+    assert "live at the peak" in full and "unpacked values" in full
+    for name in sched.unpacks:
+        assert name in full
+    rows = sched.table(5).split("event\n", 1)[1].splitlines()
+    assert len(rows) == 5
+    assert all(int(r.split()[-2 if r.split()[-1] in ("accumulate", "recompute", "unpack")
+                                else -1].replace(",", "")) > 0 for r in rows)
+    assert any(sched.peak_node in r for r in rows)

@@ -10,12 +10,21 @@ node that made it and a step index; so is its free. ``peak_bytes`` is the peak o
 live bytes allocated inside the block. ``tracemalloc_peak_bytes`` is an independent
 witness: numpy reports its buffers to tracemalloc, so its peak over the block (minus
 what was traced at the start) counts the same buffers plus small Python objects.
+
+A compiled backward that misses the cache captures and compiles its graph inside
+the block: the accounting does not see that (the tracer allocates no storage), but
+tracemalloc does, so its peak then says more about the compiler than about the
+backward. The profile warns (``CompileInProfileWarning``), ``prof.compiles`` says
+how many, and ``prof.report`` says so on the page. Run the compiled backward once
+before profiling to measure a cache hit.
 """
 from __future__ import annotations
 
 import tracemalloc
+import warnings
 from contextlib import nullcontext
 
+from compiled_autograd.autograd.engine import current_compiler
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.memory.report import export_memory_viz, write_report
 from runtime import memory as _rt
@@ -26,6 +35,24 @@ def _default_category():
     return "activation" if is_grad_enabled() else "temporary"
 
 
+class CompileInProfileWarning(UserWarning):
+    """A compiled backward was captured and compiled inside ``ca.memory.profile()``."""
+
+
+# Compiled autograd's counters (captures, compiles, cache_hits), handed over by the
+# package's facade: compiled/ sits above memory/ and is not imported from here.
+_compile_stats = None
+
+
+def set_compile_stats(fn) -> None:
+    global _compile_stats
+    _compile_stats = fn
+
+
+def _compiler_label(compiler):
+    backend = getattr(compiler, "backend", None)
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", "a callable")
+    return f"compiled, backend {name}, {getattr(compiler, 'unpack', '?')} unpacking"
 
 
 def category(name):
@@ -45,6 +72,9 @@ class profile:
         self._witness = tracemalloc_witness
         self._tracker = None
         self.tracemalloc_peak_bytes = None
+        self.compiles = 0           # backward graphs captured and compiled inside
+        self.compiled_runs = 0      # compiled backwards run inside (hits and misses)
+        self._compilers = []
 
     def __enter__(self):
         if self._witness:
@@ -56,6 +86,8 @@ class profile:
         # What an allocation is when no category is pushed: it depends on grad mode,
         # which the runtime does not know.
         _rt.set_default_category(_default_category)
+        self._stats = _compile_stats() if _compile_stats is not None else None
+        self._compilers = [current_compiler()]
         self._tracker = _rt.start()
         return self
 
@@ -65,7 +97,37 @@ class profile:
             self.tracemalloc_peak_bytes = tracemalloc.get_traced_memory()[1] - self._traced_at_start
             if self._started_tracemalloc:
                 tracemalloc.stop()
+        self._compilers.append(current_compiler())
+        if self._stats is not None:
+            after = _compile_stats()
+            self.compiles = after["captures"] - self._stats["captures"]
+            self.compiled_runs = self.compiles + after["cache_hits"] - self._stats["cache_hits"]
+            if self.compile_note() and exc[0] is None:
+                warnings.warn(self.compile_note(), CompileInProfileWarning, stacklevel=2)
         return False
+
+    def compile_note(self):
+        """A sentence on the captures and compiles inside the block, or None."""
+        if not self.compiles or not self._witness:
+            return None
+        return (f"This profile includes {self.compiles} capture(s) and compile(s) of a "
+                f"compiled backward: the accounted bytes do not count them, but the "
+                f"tracemalloc peak ({self.tracemalloc_peak_bytes or 0:,} bytes) counts the "
+                f"tracer's and the compiler's Python objects. Run the compiled backward once "
+                f"before profiling to measure a cache hit.")
+
+    @property
+    def run(self) -> str:
+        """Which backward ran inside: "eager autograd" or "compiled, backend ..., ...
+        unpacking" (the backend is known when the block ran inside
+        ``ca.compiled_backward``; else pass ``run=`` to ``report``)."""
+        if not self.compiled_runs:
+            return "eager autograd (no compiled backward ran inside the profile)"
+        seen = next((c for c in self._compilers if c is not None), None)
+        label = _compiler_label(seen) if seen is not None else \
+            "compiled (backend and unpacking not seen by the profile: pass run= to report())"
+        how = "captured and compiled inside the profile" if self.compiles else "a cache hit"
+        return f"{label}; {how}"
 
     @property
     def peak_bytes(self) -> int:
@@ -109,11 +171,14 @@ class profile:
         return sum(e.bytes for e in self._tracker.events
                    if e.action == "alloc" and (category is None or e.category == category))
 
-    def report(self, path, title="Memory profile", planned=None) -> str:
+    def report(self, path, title="Memory profile", planned=None, run=None) -> str:
         """Write a report: ``.html`` (self-contained, SVG timeline), ``.txt`` or
-        ``.json`` (the events), chosen by the suffix. Returns the path."""
+        ``.json`` (the events), chosen by the suffix. ``planned``: a
+        ``MemorySchedule`` to draw beside the measurement; ``run``: which run this
+        was (default ``self.run``). Returns the path."""
+        note = self.compile_note()
         write_report(self.timeline, path, title=title, peak_bytes=self.peak_bytes,
-                     planned=planned)
+                     planned=planned, run=run or self.run, notes=[note] if note else [])
         return path
 
     def export_memory_viz(self, path) -> str:

@@ -5,13 +5,21 @@ for PyTorch's memory viewer.
         loss = model(x); loss.backward()
     from compiled_autograd.memory import report
     report.write_report(prof.timeline, "mem.html", title="my model",
-                        peak_bytes=prof.peak_bytes)
+                        peak_bytes=prof.peak_bytes, planned=g.memory_schedule(),
+                        run="compiled, backend python, progressive unpacking")
     report.export_memory_viz(prof.timeline, "mem.pickle")   # pytorch.org/memory_viz
 
 Events are ``runtime.memory.Event`` (or dicts with the same keys): ``alloc`` adds a
 storage's bytes to its category, ``free`` removes them, ``retag`` moves them from
 the old category (``name``) to the new one (``category``), ``mark`` only labels a
-point in time.
+point in time (a graph node's end, with the "eager" graph backend; marks are not
+drawn).
+
+The words, as the page explains them: an **event** is one allocation, free or
+re-tag of a storage, in order (the x axis); a **kernel call** is ``Event.step``, the
+number of kernels run so far; a **graph node** is a node of the traced backward
+graph (``MemorySchedule.steps``), an **autograd node** the node of the autograd
+graph it comes from (``MulBackward``).
 
 The HTML page is self-contained: no script, no external URL; the chart's
 coordinates are computed here (numbers only) and the markup lives in
@@ -26,6 +34,7 @@ import pickle
 import tempfile
 from pathlib import Path
 
+from compiled_autograd.memory.align import align, live_at, made_by, without_marks
 from runtime.memory import CATEGORIES
 
 __all__ = ["live_series", "render_html", "render_text", "render_json",
@@ -223,7 +232,43 @@ def _legend_rows(items, x0: float, width: float, row_h: float):
     return (y + row_h) if items else 0.0
 
 
-def _chart(events, series, planned):
+def _planned_points(steps, alignment, X, Y):
+    """The plan as steps on the event axis: at its first event a node holds its
+    inputs and output together (``peak_bytes``), one event later what stays
+    (``live_bytes``), until the next node."""
+    pts = []
+    xs = alignment.x
+    for k, s in enumerate(steps):
+        x = xs[k]
+        nxt = xs[k + 1] if k + 1 < len(steps) else x + 1
+        tip = f"planned, graph node {s.node} ({s.source or s.target}): " \
+              f"{format_bytes(s.peak_bytes)} while it runs, {format_bytes(s.live_bytes)} after"
+        pts.append({"x": _r(X(x)), "y": _r(Y(s.peak_bytes)), "label": tip})
+        pts.append({"x": _r(X(min(x + 1, max(nxt, x)))), "y": _r(Y(s.live_bytes)), "label": tip})
+    return pts
+
+
+def _hover(events, series, keep, X, top, plot_h, steps, alignment):
+    """One transparent column per drawn event, titled with what the event was."""
+    cols = []
+    for j, i in enumerate(keep):
+        e = events[i]
+        owner = alignment.node_of_event[i] if alignment is not None else None
+        node, autograd_node, op = made_by(e, steps, owner)
+        x0 = (X(keep[j - 1]) + X(i)) / 2 if j else X(i) - 2
+        x1 = (X(i) + X(keep[j + 1])) / 2 if j + 1 < len(keep) else X(i) + 2
+        action = _get(e, "action")
+        what = {"alloc": "allocated", "free": "freed", "retag": "re-tagged"}.get(action, action)
+        lines = [f"event {i} (kernel call {_get(e, 'step')}): {what} "
+                 f"{format_bytes(_get(e, 'bytes'))} ({int(_get(e, 'bytes')):,} bytes), "
+                 f"category {_get(e, 'category')}",
+                 f"graph node: {node or '-'}", f"autograd node: {autograd_node or '-'}",
+                 f"op: {op}", f"live after it: {format_bytes(series[i]['total'])}"]
+        cols.append({"x": _r(x0), "w": _r(max(x1 - x0, 0.5)), "title": "\n".join(lines)})
+    return cols
+
+
+def _chart(events, series, steps, alignment):
     W = 1100
     left, right, top = 84, 24, 46
     plot_w = W - left - right
@@ -232,8 +277,8 @@ def _chart(events, series, planned):
     n = len(series)
 
     cats = _categories_present(events)
-    planned = [(str(label), int(b)) for label, b in (planned or [])]
-    ymax = max([s["total"] for s in series] + [b for _, b in planned] + [0])
+    planned = steps or []
+    ymax = max([s["total"] for s in series] + [s.peak_bytes for s in planned] + [0])
     yticks, ytop = _byte_ticks(ymax if ymax > 0 else 1024)
 
     def X(i):
@@ -272,12 +317,8 @@ def _chart(events, series, planned):
     recompute_x = [_r(X(i)) for i in recompute]
     reload_x = [_r(X(i)) for i in reload]
 
-    planned_pts = []
-    if planned:
-        m = len(planned)
-        planned_pts = [{"x": _r(left + (plot_w * i / (m - 1) if m > 1 else 0)),
-                        "y": _r(Y(b)), "label": label, "bytes": format_bytes(b)}
-                       for i, (label, b) in enumerate(planned)]
+    planned_pts = _planned_points(planned, alignment, X, Y) if planned and n else []
+    hover = _hover(events, series, keep, X, top, plot_h, steps, alignment)
 
     y_ticks = [{"y": _r(Y(t)), "label": format_bytes(t)} for t in yticks]
     x_ticks = [{"x": _r(X(i)), "label": str(i)} for i in _index_ticks(n)]
@@ -299,7 +340,8 @@ def _chart(events, series, planned):
         "right_x": left + plot_w, "layers": layers, "total_line": total_line,
         "peak": peak, "recompute_x": recompute_x, "reload_x": reload_x,
         "marker_y": marker_y, "marker_len": 10, "reload_y": marker_y + 12,
-        "planned": planned_pts, "planned_dots": 0 < len(planned_pts) <= 60, "y_ticks": y_ticks, "x_ticks": x_ticks,
+        "planned": planned_pts, "planned_dots": 0 < len(planned_pts) <= 120, "hover": hover,
+        "y_ticks": y_ticks, "x_ticks": x_ticks,
         "legend": legend, "legend_top": legend_top, "empty": n == 0,
         "x_label_y": bottom + 60, "x_tick_label_y": bottom + 40, "y_label_x": 18, "y_label_y": _r(top + plot_h / 2),
         "colors": {"peak": PEAK_COLOR, "recompute": RECOMPUTE_COLOR, "reload": RELOAD_COLOR,
@@ -317,55 +359,115 @@ def _category_rows(series, peak_index):
             for c in cats]
 
 
-def _largest(events, k=10):
-    allocs = [e for e in events if _get(e, "action") == "alloc"]
-    allocs.sort(key=lambda e: -int(_get(e, "bytes")))
-    return [{"name": str(_get(e, "name")), "category": str(_get(e, "category")),
-             "bytes": int(_get(e, "bytes")), "bytes_h": format_bytes(_get(e, "bytes"))}
-            for e in allocs[:k]]
+LARGEST_TITLE = "largest values live at the peak"
 
 
-def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=None) -> str:
-    """A self-contained HTML page: summary table, stacked SVG chart of live bytes by
-    category over event index (peak, recompute/reload markers, optional planned
-    line), bytes by category and the largest allocations."""
+def _prepare(events, planned):
+    """(events without marks, the plan's steps or None, their alignment or None)."""
     events = list(events)
+    steps = None if planned is None else list(getattr(planned, "steps", planned))
+    alignment = align(steps, events) if steps else None
+    events, alignment = without_marks(events, alignment)
+    return events, steps, alignment
+
+
+def _made_by(row) -> str:
+    """"graph node mul_3 (MulBackward)", or "MulBackward, op mul" without a graph."""
+    if row["graph_node"]:
+        return f"graph node {row['graph_node']}" + (f" ({row['autograd_node']})"
+                                                    if row["autograd_node"] else "")
+    return (f"{row['autograd_node']}, " if row["autograd_node"] else "") + f"op {row['op']}"
+
+
+def largest_live(events, planned=None, k=10) -> list:
+    """The ``k`` largest storages live at the measured peak (``LARGEST_TITLE``), each
+    ``{bytes, category, graph_node, autograd_node, op, made_by}``; with ``planned``
+    (a ``MemorySchedule``) the graph node that made each one is known."""
+    events, steps, alignment = _prepare(events, planned)
+    series = live_series(events)
+    if not series:
+        return []
+    rows = live_at(events, _peak_index(series), steps, alignment, k)
+    for r in rows:
+        r["made_by"] = _made_by(r)
+        r["bytes_h"] = format_bytes(r["bytes"])
+    return rows
+
+
+def _peak_row(events, series, pi, steps, alignment):
+    node, autograd_node, _ = made_by(events[pi], steps,
+                                     alignment.node_of_event[pi] if alignment else None)
+    where = f"event {pi}, after {series[pi]['step']:,} kernel calls"
+    if node:
+        where += f", in graph node {node}" + (f" ({autograd_node})" if autograd_node else "")
+    elif autograd_node:
+        where += f", in {autograd_node}"
+    return where
+
+
+def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=None,
+                run=None, notes=()) -> str:
+    """A self-contained HTML page: which run (``run``), summary table, stacked SVG
+    chart of live bytes by category over the events (peak, recompute/reload
+    markers, the plan ``planned`` -- a ``MemorySchedule`` -- placed on the same
+    events, a tooltip per event), what the words mean, bytes by category and the
+    largest values live at the peak. ``notes``: lines shown under the summary."""
+    events, steps, alignment = _prepare(events, planned)
     series = live_series(events)
     pi = _peak_index(series)
     peak_series = series[pi]["total"] if series else 0
     peak = peak_bytes if peak_bytes is not None else peak_series
-    rows = [("events", f"{len(events):,}"),
-            ("peak live bytes", f"{format_bytes(peak)} ({int(peak):,} bytes)")]
+    rows = [("run", str(run) if run else "not given")]
+    rows += [("events", f"{len(events):,} (allocations, frees and re-tags of storages)"),
+             ("peak live bytes", f"{format_bytes(peak)} ({int(peak):,} bytes)")]
     if series:
-        rows.append(("peak at event", f"{pi} (step {series[pi]['step']})"))
+        rows.append(("peak at", _peak_row(events, series, pi, steps, alignment)))
         rows.append(("live at end", f"{format_bytes(series[-1]['total'])} "
                                     f"({series[-1]['total']:,} bytes)"))
+    if alignment is not None:
+        how = {"marks": "exactly, by the graph nodes' marks (backend eager)",
+               "allocations": "by matching each graph node's allocation (prim, bytes, kernel "
+                              "call)",
+               "none": "not at all: no graph node's allocation was seen (spread evenly)"}
+        rows.append(("plan placed on the events",
+                     f"{how[alignment.method]}; {alignment.n_matched} of {len(steps)} graph "
+                     f"nodes placed"))
     rows += [(str(a), str(b)) for a, b in (summary_rows or [])]
+    largest = live_at(events, pi, steps, alignment) if series else []
+    for r in largest:
+        r["made_by"] = _made_by(r)
     return _env().get_template("report.html.j2").render(
-        title=str(title), summary=rows, chart=_chart(events, series, planned),
-        categories=_category_rows(series, pi), largest=_largest(events), colors=COLORS)
+        title=str(title), summary=rows, chart=_chart(events, series, steps, alignment),
+        categories=_category_rows(series, pi), largest=largest, largest_title=LARGEST_TITLE,
+        colors=COLORS, notes=[str(n) for n in notes], planned=bool(steps),
+        recompute=any(s.event == "recompute" for s in steps or ()))
 
 
 # ---------------------------------------------------------------- text, JSON
 
-def render_text(events, *, title, peak_bytes=None) -> str:
-    """Plain text: title, peak, bytes by category (at the peak and own maximum) and
-    the 10 largest allocations."""
-    events = list(events)
+def render_text(events, *, title, peak_bytes=None, planned=None, run=None, notes=()) -> str:
+    """Plain text: title, the run, peak, bytes by category (at the peak and own
+    maximum) and the largest values live at the peak (as the HTML page)."""
+    events, steps, alignment = _prepare(events, planned)
     series = live_series(events)
     pi = _peak_index(series)
     peak = peak_bytes if peak_bytes is not None else (series[pi]["total"] if series else 0)
-    lines = [str(title), "=" * max(3, len(str(title))),
-             f"peak {int(peak):,} bytes ({format_bytes(peak)})"
-             + (f" at event {pi} of {len(events)} (step {series[pi]['step']})" if series else ""),
-             "",
+    lines = [str(title), "=" * max(3, len(str(title)))]
+    if run:
+        lines.append(f"run: {run}")
+    lines += [str(n) for n in notes]
+    lines += [f"peak {int(peak):,} bytes ({format_bytes(peak)})"
+              + (f" at {_peak_row(events, series, pi, steps, alignment)} of {len(events)} "
+                 f"events" if series else ""),
+              "(an event is one allocation, free or re-tag of a storage; a kernel call is "
+              "one op run)",
+              "",
              f"{'category':<12} {'at the peak':>14} {'own maximum':>14}"]
     for row in _category_rows(series, pi):
         lines.append(f"{row['category']:<12} {row['at_peak']:>14,} {row['own_max']:>14,}")
-    lines += ["", "largest allocations",
-              f"{'bytes':>14}  {'category':<12} name"]
-    for a in _largest(events):
-        lines.append(f"{a['bytes']:>14,}  {a['category']:<12} {a['name']}")
+    lines += ["", LARGEST_TITLE, f"{'bytes':>14}  {'category':<12} made by"]
+    for a in (live_at(events, pi, steps, alignment) if series else []):
+        lines.append(f"{a['bytes']:>14,}  {a['category']:<12} {_made_by(a)}")
     return "\n".join(lines) + "\n"
 
 
@@ -463,10 +565,12 @@ def write_report(events, path, **kw) -> None:
         text = render_html(events, **kw)
     elif suffix == ".txt":
         kw.setdefault("title", "memory report")
-        for html_only in ("planned", "summary_rows"):   # the chart's extras: not in text
-            kw.pop(html_only, None)
+        kw.pop("summary_rows", None)    # the page's extra rows: not in text
         text = render_text(events, **kw)
     elif suffix == ".json":
+        kw.pop("planned", None)         # the plan is not part of the events
+        if "notes" in kw:
+            kw["notes"] = [str(n) for n in kw["notes"]]
         text = render_json(events, **kw)
     else:
         raise ValueError("report path must end in .html, .txt or .json")

@@ -6,9 +6,11 @@ What allocates, in the plan:
 - a prim's output, unless the prim is a view (its storage is its input's, which
   then lives as long as any of its views);
 - an ``unpack_hook`` that reloads an offloaded value (category reloaded);
-- the first ``unpack_hook`` of a checkpointed segment: recomputation produces every
-  saved value of the segment at once; each is handed to its own unpack later and
-  freed after that value's last use (category recomputed);
+- the first ``unpack_hook`` of a checkpointed segment, whichever saved value it
+  reads (also a leaf's or a kept input's, which recomputation does not allocate):
+  recomputation produces every saved value of the segment at once; each is handed
+  to its own unpack later and freed after that value's last use (category
+  recomputed);
 - ``accumulate_grad``: the leaf's new ``.grad`` (assuming it was None).
 Saved values and leaves read from ``inputs`` existed before the backward and are
 not counted, as ``ca.memory.profile()`` counts only what is allocated inside it.
@@ -56,14 +58,40 @@ class MemorySchedule:
                 f"steps={len(self.steps)}, unpacks={len(self.unpacks)}{arena})")
 
     def table(self, limit=None) -> str:
-        """A text table: step | node | target | allocated | live | event."""
-        rows = [f"{'step':>5}  {'node':<22} {'target':<18} {'allocated':>12} "
-                f"{'while running':>14} {'live after':>12}  event"]
-        steps = self.steps if limit is None else self.steps[:limit]
+        """Everything as text: the peak, one row per graph node (# | node | target |
+        allocated | while running | live after | event), the values live at the
+        peak, each unpacked value's unpack and free node, and the C arena if any.
+        ``table(n)``: only the ``n`` rows with the most bytes live while their node
+        runs (ties: the most allocated), in graph order; nodes that only take a
+        value from the inputs (placeholders, getitems) are never among them."""
+        steps = self.steps
+        head = [f"planned peak {self.peak_bytes:,} bytes at graph node {self.peak_node}; "
+                f"{len(steps)} graph nodes, {len(self.unpacks)} unpacked values"]
+        if limit is not None:
+            ranked = [s for s in steps if s.op not in ("placeholder", "output")
+                      and s.target != "getitem"]
+            ranked.sort(key=lambda s: (-s.peak_bytes, -s.allocated, s.index))
+            steps = sorted(ranked[:max(0, limit)], key=lambda s: s.index)
+            head.append(f"the {len(steps)} of {len(self.steps)} graph nodes with the most bytes "
+                        f"live while they run (table() shows all)")
+        rows = head + ["", f"{'#':>5}  {'node':<22} {'target':<18} {'allocated':>12} "
+                           f"{'while running':>14} {'live after':>12}  event"]
         for s in steps:
             rows.append(f"{s.index:>5}  {s.node[:22]:<22} {str(s.target)[:18]:<18} "
                         f"{s.allocated:>12,} {s.peak_bytes:>14,} {s.live_bytes:>12,}  "
                         f"{s.event or ''}")
+        if limit is not None:
+            return "\n".join(rows)
+        rows += ["", f"live at the peak ({len(self.live_at_peak)} values)",
+                 f"{'bytes':>12}  {'category':<11} {'value':<22} source"]
+        rows += [f"{v.bytes:>12,}  {v.category:<11} {v.name[:22]:<22} {v.source or ''}"
+                 for v in self.live_at_peak]
+        names = [s.node for s in self.steps]
+        rows += ["", f"unpacked values ({len(self.unpacks)}): unpacked at # -> freed at #"]
+        rows += [f"  {name:<22} {u:>5} -> {f:<5} ({names[f]})"
+                 for name, (u, f) in self.unpacks.items()]
+        if self.arena is not None:
+            rows += ["", f"C arena: {self.arena.size:,} bytes"]
         return "\n".join(rows)
 
 
@@ -113,18 +141,20 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
                 else ("hook", None)
             nbytes = node.meta.get("nbytes") or 0
             unpack_step[node.name] = i
-            if kind == "checkpoint" and alias and alias[0]:
-                event = "unpack"  # a leaf or kept input: recomputation allocates nothing
-            elif kind == "checkpoint":
+            if kind == "checkpoint":
                 if group not in recomputed_groups:
+                    # The segment's first unpack recomputes it, whichever holder
+                    # it reads (also one of a leaf or kept input).
                     recomputed_groups.add(group)
                     burst = sum(m.meta.get("nbytes") or 0 for m in group_members.get(group, ()))
                     allocated, event = burst, "recompute"
                 else:
                     event = "unpack"
-                # The value moves from the frame's cache to this node: live
-                # bytes are unchanged until its last use frees it.
-                own(node, node, nbytes, "recomputed")
+                if not (alias and alias[0]):
+                    # The value moves from the frame's cache to this node: live
+                    # bytes are unchanged until its last use frees it. (A leaf or
+                    # kept input was not recomputed: nothing to own.)
+                    own(node, node, nbytes, "recomputed")
             elif kind == "offload":
                 allocated, event = nbytes, "reload"
                 own(node, node, nbytes, "reloaded")
