@@ -20,7 +20,7 @@ from functools import partial
 
 import jinja2
 
-from compiled_autograd.ir.graph import Node
+from compiled_autograd.ir.graph import Node, fresh_and_only_here
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from runtime import memory
@@ -91,7 +91,7 @@ class _Source:
             return dict(base, kind="output", result=self.value(node.args[0]))
         if node.op == "call_hook":
             args = [self.value(a) for a in node.args]
-            if node.target == "accumulate_grad" and _fresh_and_only_here(node.args[1]):
+            if node.target == "accumulate_grad" and fresh_and_only_here(node.args[1]):
                 args.append({"kind": "lit", "text": "True"})   # owned: becomes .grad as is
             if node.target == "unpack_hook":   # the shape the result must have
                 args.append(self.value(tuple(node.meta["shape"])))
@@ -107,14 +107,6 @@ class _Source:
         return dict(base, kind="prim", target=node.target,
                     args=[self.value(a) for a in node.args],
                     kwargs=[(k, self.value(v)) for k, v in node.kwargs.items()])
-
-
-def _fresh_and_only_here(value):
-    """A gradient that a non-view prim just made (a fresh array: only view prims
-    may alias their inputs) and that nothing else uses: the first accumulation
-    may keep it as ``.grad`` instead of copying it."""
-    return (isinstance(value, Node) and value.op == "call_function" and value.target in PRIMS
-            and not PRIMS[value.target].view and len(value.users) == 1)
 
 
 def _has_value(node):

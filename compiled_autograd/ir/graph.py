@@ -24,6 +24,15 @@ import numpy as np
 from runtime.prims import PRIMS
 
 OPS = ("placeholder", "call_function", "call_hook", "output")
+def fresh_and_only_here(value) -> bool:
+    """A value that a non-view prim just made (a fresh array: only view prims
+    may alias their inputs) and that one node alone uses: an accumulation into
+    a ``.grad`` that is None may keep it as ``.grad`` instead of copying it (the
+    backends do; the memory plan counts it so)."""
+    return (isinstance(value, Node) and value.op == "call_function" and value.target in PRIMS
+            and not PRIMS[value.target].view and len(value.users) == 1)
+
+
 HOOK_KINDS = ("unpack_hook", "tensor_pre_hook", "pre_hook", "post_hook",
               "post_acc_grad_hook", "accumulate_grad", "call_backward")
 BOXED = ("inputs", "sizes", "scalars", "hooks", "packed_data")

@@ -11,7 +11,9 @@ What allocates, in the plan:
   recomputation produces every saved value of the segment at once; each is handed
   to its own unpack later and freed after that value's last use (category
   recomputed);
-- ``accumulate_grad``: the leaf's new ``.grad`` (assuming it was None).
+- ``accumulate_grad``: the leaf's new ``.grad`` (assuming it was None), unless
+  the gradient is a fresh array nothing else uses: then that array becomes
+  ``.grad`` (``fresh_and_only_here``), as the backends do, and lives on.
 Saved values and leaves read from ``inputs`` existed before the backward and are
 not counted, as ``ca.memory.profile()`` counts only what is allocated inside it.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from compiled_autograd.ir.graph import fresh_and_only_here
 from runtime.prims import PRIMS
 
 
@@ -161,10 +164,16 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
             else:
                 event = "unpack"
         elif node.op == "call_hook" and node.target == "accumulate_grad":
-            leaf = node.args[0]
-            allocated, event = leaf.meta.get("nbytes") or 0, "accumulate"
-            own(node, ("grad", leaf.name), allocated, "gradient")
-            owners[("grad", leaf.name)] += 1  # .grad outlives the backward
+            leaf, grad = node.args[0], node.args[1]
+            event = "accumulate"
+            if fresh_and_only_here(grad) and grad in storage_of:
+                # The gradient's own array becomes .grad (no copy): it outlives
+                # the backward.
+                owners[storage_of[grad]] += 1
+            else:
+                allocated = leaf.meta.get("nbytes") or 0
+                own(node, ("grad", leaf.name), allocated, "gradient")
+                owners[("grad", leaf.name)] += 1  # .grad outlives the backward
         live += allocated
         during = live
         for dead in dies_after.get(node, ()):
