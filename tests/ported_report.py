@@ -92,6 +92,8 @@ def main():
     for reason, n in reasons.most_common():
         tests = {f for _, f, o, r in collector.items if r == reason}
         print(f"{n:>4} ({len(tests)})  {reason}")
+    if not reasons:
+        print("   none")
     failed = [f"{file}::{function}" for file, function, outcome, _ in collector.items
               if outcome not in ("passed", "xfailed")]
     if failed:

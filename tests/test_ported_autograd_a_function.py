@@ -3,8 +3,9 @@
 
 Each test runs its backward on the eager engine and under every compiled backend
 (the ``mode`` fixture of ``ported.py``). A backward with ``create_graph=True`` runs
-outside ``under(mode)``: compiled_backward refuses create_graph by design, so only
-the first-order backwards of a double-backward test are compiled.
+outside ``under(mode)``, as ported (under compiled_backward such a backward runs on
+the eager engine anyway): the first-order backwards of a double-backward test are
+the compiled ones.
 """
 
 import numpy as np

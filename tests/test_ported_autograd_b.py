@@ -13,15 +13,7 @@ from compiled_autograd.autograd import Function
 from ported import mode, under  # noqa: F401  (mode is a fixture)
 from ported_gradgrad import gradgradcheck
 
-CALL_BACKWARD = ("call_backward: a custom Function's backward is traced once at compile "
-                 "time, not run at every backward")
-CREATE_GRAPH = ("documented limitation (docs/compiled.md): create_graph=True inside "
-                "compiled_backward raises")
 
-
-def xfail_compiled(request, mode, reason=CALL_BACKWARD):
-    if mode != "engine":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def f64(*shape, requires_grad=True):
@@ -35,7 +27,6 @@ def test_gradcheck_single_input(mode, request):
 
     with under(mode):
         assert ca.autograd.gradcheck(f, f64(10))
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(f, f64(10))
 
@@ -236,7 +227,6 @@ def test_reentrant_with_non_leaf_variable_hook(mode):
 
 # torch: test_autograd.py::TestAutograd::test_grad_mode_restored_reentrant
 def test_grad_mode_restored_reentrant(mode, request):
-    xfail_compiled(request, mode, CREATE_GRAPH)   # (its second backward)
     seen = []
 
     class MyFunction(Function):

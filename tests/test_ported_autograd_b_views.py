@@ -14,16 +14,8 @@ from compiled_autograd.autograd import Function
 from ported import mode, under  # noqa: F401  (mode is a fixture)
 from ported_gradgrad import gradgradcheck
 
-CALL_BACKWARD = ("call_backward: a custom Function's backward is traced once at compile "
-                 "time, not run at every backward")
-CREATE_GRAPH = ("documented limitation (docs/compiled.md): create_graph=True inside "
-                "compiled_backward raises")
 LEAF_GRAD_ERR = "A view was created in no_grad mode and is being modified inplace"
 
-
-def xfail_compiled(request, mode, reason):
-    if mode != "engine":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def randn64(*shape, requires_grad=True):
@@ -300,7 +292,6 @@ def test_where_functional(mode, request):
     with under(mode):
         assert ca.autograd.gradcheck(where, [cond, x, y])
         assert ca.autograd.gradcheck(where, [cond, x2, y2])
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(where, [cond, x, y], [randn64(5, 5)])
         assert gradgradcheck(where, [cond, x2, y2], [randn64(5, 5, 5)])
@@ -321,7 +312,6 @@ def test_where_scalar(mode, request):
     with under(mode):
         assert ca.autograd.gradcheck(where_scalar_first, (cond, x))
         assert ca.autograd.gradcheck(where_scalar_second, (cond, x))
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(where_scalar_first, (cond, x))
         assert gradgradcheck(where_scalar_second, (cond, x))
@@ -450,7 +440,6 @@ def test_inplace_view_gradcheck(mode, request):
     with under(mode):
         assert ca.autograd.gradcheck(func, [a, b])
     go = randn64(*a.shape)
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(func, (a, b), (go,))
 
@@ -484,7 +473,6 @@ def test_inplace_view_makes_base_require_grad(mode, request):
     assert seen and seen[::2] == [False] * (len(seen) // 2)
     assert seen[1::2] == [True] * (len(seen) // 2)
     go = randn64(*a.shape)
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(func, (a, b), (go,))
 
@@ -521,7 +509,6 @@ def test_inplace_view_modify_base(mode, request):
         assert ca.autograd.gradcheck(fn, [r])
     assert set(seen[::2]) == {(False, True)}
     assert set(seen[1::2]) == {True}
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(fn, [r])
 
@@ -568,6 +555,5 @@ def test_mv_grad_stride_0(mode, request):
 
     with under(mode):
         assert ca.autograd.gradcheck(fn, (vec,))
-    xfail_compiled(request, mode, CREATE_GRAPH)
     with under(mode):
         assert gradgradcheck(fn, (vec,))

@@ -151,9 +151,9 @@ class _EagerCompiler:
     def __init__(self):
         self.calls = 0
 
-    def run(self, roots, retain_graph, input_edges=None, accumulate=True):
+    def run(self, roots, retain_graph, input_edges=None, accumulate=True, create_graph=False):
         self.calls += 1
-        return engine.execute(roots, retain_graph, False, input_edges, accumulate)
+        return engine.execute(roots, retain_graph, create_graph, input_edges, accumulate)
 
 
 def test_deep_reentrant_keeps_hooks_and_compiler_stack():

@@ -410,8 +410,8 @@ _compilers = threading.local()
 
 def push_compiler(compiler) -> None:
     """From now on, on this thread, ``backward`` and ``grad`` run through
-    ``compiler.run(roots, retain_graph, input_edges, accumulate)`` (compiled
-    autograd) instead of ``execute``, until ``pop_compiler``; pushes nest, the
+    ``compiler.run(roots, retain_graph, input_edges, accumulate, create_graph)``
+    (compiled autograd) instead of ``execute``, until ``pop_compiler``; pushes nest, the
     innermost wins (torch's set_autograd_compiler)."""
     stack = getattr(_compilers, "stack", None)
     if stack is None:
@@ -424,14 +424,10 @@ def pop_compiler():
     return _compilers.stack.pop()
 
 
-def current_compiler(create_graph=False):
+def current_compiler():
     """This thread's innermost pushed compiler, or None for eager autograd."""
     stack = getattr(_compilers, "stack", None)
-    compiler = stack[-1] if stack else None
-    if compiler is not None and create_graph:
-        raise RuntimeError("compiled autograd: create_graph=True is not supported yet; run "
-                           "this backward outside ca.compiled_backward()")
-    return compiler
+    return stack[-1] if stack else None
 
 
 def edges_of(inputs, what):
@@ -461,12 +457,13 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     grad_tensors = _as_list(grad_tensors)
     if retain_graph is None:
         retain_graph = create_graph
-    compiler = current_compiler(create_graph)
+    compiler = current_compiler()
     roots = make_root_grads(tensors, grad_tensors, create_graph)
     make = next((t._make for t in tensors), None)   # (no roots: no hook runs)
     if inputs is None:
         if compiler is not None:
-            _reentrant_aware(lambda: compiler.run(roots, retain_graph))
+            _reentrant_aware(lambda: compiler.run(roots, retain_graph,
+                                                  create_graph=create_graph))
         else:
             execute(roots, retain_graph, create_graph, make=make)
         return
@@ -479,7 +476,8 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         if not t.is_leaf and not t.retains_grad:
             t.retain_grad()
     if compiler is not None:
-        _reentrant_aware(lambda: compiler.run(roots, retain_graph, edges, accumulate=True))
+        _reentrant_aware(lambda: compiler.run(roots, retain_graph, edges, accumulate=True,
+                                              create_graph=create_graph))
     else:
         execute(roots, retain_graph, create_graph, edges, accumulate=True, make=make)
 
@@ -494,12 +492,13 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     grad_outputs = _as_list(grad_outputs)
     if retain_graph is None:
         retain_graph = create_graph
-    compiler = current_compiler(create_graph)
+    compiler = current_compiler()
     roots = make_root_grads(outputs, grad_outputs, create_graph)
     edges = edges_of(inputs, "inputs")
     if compiler is not None:
         captured = _reentrant_aware(lambda: compiler.run(roots, retain_graph, edges,
-                                                         accumulate=False))
+                                                         accumulate=False,
+                                                         create_graph=create_graph))
     else:
         captured = execute(roots, retain_graph, create_graph, edges, accumulate=False,
                            make=next((t._make for t in outputs), None))

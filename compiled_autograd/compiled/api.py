@@ -113,8 +113,18 @@ class compiled_backward:
         engine.pop_compiler()
         return False
 
-    def run(self, roots, retain_graph, input_edges=None, accumulate=True):
-        """The engine's call: run this backward compiled (see ``run``)."""
+    def run(self, roots, retain_graph, input_edges=None, accumulate=True, create_graph=False):
+        """The engine's call: run this backward compiled (see ``run``). A backward
+        with ``create_graph=True`` runs on the eager engine: the compiled code
+        computes on arrays and records no graph of its own gradients, which a
+        double backward needs."""
+        if create_graph:
+            if "verbose" in log_flags():
+                ensure_handler()
+                log.info("create_graph=True: this backward runs on the eager engine (a "
+                         "compiled backward records no graph of the gradients it computes)")
+            return engine.execute_here(roots, retain_graph, True, input_edges, accumulate,
+                                       make=Tensor._make)
         return run(roots, retain_graph, input_edges, accumulate, self)
 
 
