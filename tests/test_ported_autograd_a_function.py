@@ -29,15 +29,6 @@ def randn(*shape, requires_grad=False):
     return ca.randn(*shape, dtype=F64, requires_grad=requires_grad)
 
 
-def mark_compiled_xfail(request, mode, reason):
-    """A strict xfail for the compiled modes only (the test must fail there)."""
-    if mode != "engine":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
-TRACED = "call_backward: the custom backward is traced once at compile time, not run at every backward"
-
-
 # torch: test_autograd.py::TestAutograd::test_function (and _function_test)
 def test_function(mode):
     class MyFunction(Function):

@@ -31,15 +31,6 @@ def randn(*shape, requires_grad=False):
     return ca.randn(*shape, dtype=F64, requires_grad=requires_grad)
 
 
-def mark_compiled_xfail(request, mode, reason):
-    """A strict xfail for the compiled modes only (the test must fail there)."""
-    if mode != "engine":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
-TRACED = "call_backward: the custom backward is traced once at compile time, not run at every backward"
-
-
 class SimulateBackwardError(Function):
     @staticmethod
     def forward(ctx, input):

@@ -288,9 +288,9 @@ class Function(metaclass=_FunctionMeta):
             outputs = cls.forward(ctx, *args, **kwargs)
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
+        inputs = {id(a) for a in args if isinstance(a, Tensor)}
         if not (is_grad_enabled() and any(needs)):
             # (torch marks the views made inside the forward all the same)
-            inputs = {id(a) for a in args if isinstance(a, Tensor)}
             for o in outs:
                 if isinstance(o, Tensor) and o._base is not None and id(o) not in inputs:
                     o._creation = "custom_function"
@@ -298,7 +298,6 @@ class Function(metaclass=_FunctionMeta):
         edges = [gradient_edge(a) if n else (None, 0) for a, n in zip(args, needs)]
         Node.__init__(ctx, edges, [(o.shape, o.dtype) if isinstance(o, Tensor) else None
                                    for o in outs])
-        inputs = {id(a) for a in args if isinstance(a, Tensor)}
         differentiable = [isinstance(o, Tensor) and id(o) not in ctx._non_differentiable
                           and o.dtype.kind in "fc" for o in outs]
         # As torch: the views among the outputs may not be modified in place, those of

@@ -162,8 +162,9 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     """Run a backward through compiled autograd as ``context`` (the
     compiled_backward in force) says. Returns the captured gradients (arrays) at ``input_edges``."""
     task, collected, entry = lookup(roots, input_edges, accumulate, context)
-    family = families.get(entry.key)
-    if entry.backward_calls and family is not None and not family.nones_seen:
+    calls_python = bool(entry.backward_calls)      # (a graph with call_backward nodes)
+    family = families.get(entry.key) if calls_python else None
+    if family is not None and not family.nones_seen:
         # Custom backwards run as Python: which gradients they return as None is
         # known once they ran. The structure's first backward runs eagerly, and
         # its graph is traced again if they returned otherwise than it assumed.
@@ -185,7 +186,8 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         collected.inputs.clear()    # the boxed list is their only owner: freed on last use
         # As eager: the backward (and the hooks it calls) runs without grad mode.
         # (The collected lists are the compiled function's own from here on.)
-        with set_grad_enabled(False), hook_calls.learning() as returned_nones, \
+        with set_grad_enabled(False), \
+                hook_calls.learning() if calls_python else nullcontext() as returned_nones, \
                 _memory.category("gradient") if _memory.active() else nullcontext():
             try:
                 out = entry.fn(inputs, collected.sizes, collected.scalars,
