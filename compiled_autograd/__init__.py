@@ -19,6 +19,11 @@ from compiled_autograd.compiled.api import compiled_backward, trace_backward
 from compiled_autograd.compiled.backends import register_backend
 from compiled_autograd.compiled.cache import compiled_autograd_stats, reset_compiled_autograd
 from compiled_autograd.memory.profile import set_compile_stats as _set_compile_stats
+from compiled_autograd.planning import plan_checkpoints as _plan_checkpoints
+
+# ca.memory.plan_checkpoints: the planner sits above the compiled path it simulates
+# and runs (compiled_autograd.planning), so the facade hands it to ca.memory.
+memory.plan_checkpoints = _plan_checkpoints
 
 _set_compile_stats(compiled_autograd_stats)   # a profile notes the compiles inside it
 

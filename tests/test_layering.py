@@ -29,6 +29,7 @@ LAYERS = (
     "compiled_autograd.autograd",    # Tensor, ops, Nodes, engine, hooks, Function, checkpoint
     "compiled_autograd.memory",      # accounting, planned schedule, reports
     "compiled_autograd.compiled",    # compiled args, cache, tracer, entry points, backends
+    "compiled_autograd.planning",    # what to recompute for a memory budget (ca.memory.plan_checkpoints)
     "compiled_autograd.nn",
     "compiled_autograd.utils",
     "compiled_autograd",             # the public facade (ca.*)

@@ -422,7 +422,7 @@ class _PrimCache:
             self._pending = None if self.allow_mutation else entry
         return out
 
-    def observe(self, result):
+    def observe(self, result, args):
         """The Tensor wrapping the last kernel result: watch its version."""
         if self._pending is not None:
             self._pending[1] = result._version_counter

@@ -129,9 +129,9 @@ class _OpLog:
         self._out = out
         return out
 
-    def observe(self, result):
+    def observe(self, result, args):
         if self._below is not None:
-            self._below.observe(result)
+            self._below.observe(result, args)
         out, self._out = getattr(self, "_out", None), None
         data = result._data
         if out is not None and data is not out and id(out) in self._names:

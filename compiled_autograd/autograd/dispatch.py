@@ -68,8 +68,10 @@ def _wants_grad(prim, args, out_dtype):
     return any(isinstance(a, TensorBase) and a.requires_grad for a in args)
 
 
-# Selective checkpointing intercepts prim calls on Tensors: the innermost
-# interceptor computes (or hands back) the kernel's result.
+# Selective checkpointing, checkpoint debugging and memory plans intercept prim
+# calls on Tensors: the innermost interceptor computes (or hands back) the kernel's
+# result, ``interceptor(prim, arrays, params)``, then sees the result Tensor and the
+# call's arguments, ``interceptor.observe(result, args)``.
 _interceptors: list = []
 
 
@@ -117,11 +119,11 @@ def apply_prim(prim, args, params, make):
             # strides in the base's C order (what as_strided/CopySlices use).
             out = np.ascontiguousarray(out)
         result = make(out)
+    if _interceptors:  # (before the node saves the result: a plan decides how)
+        _interceptors[-1].observe(result, args)
     if _wants_grad(prim, args, out.dtype):
         edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
         _attach(_make_node(prim, args, params, edges, (result.shape, result.dtype)), result)
-    if _interceptors:
-        _interceptors[-1].observe(result)
     return result
 
 

@@ -382,6 +382,9 @@ def checked_unpack(value, shape):
     return value
 
 
+_PACK = object()  # "call the pack hook" (a memory plan's pack was called already)
+
+
 class SavedVariable:
     """A saved tensor. Under saved-tensor hooks it holds ``pack(tensor)`` and the
     unpack hook instead of the tensor (PyTorch's SavedVariableHooks)."""
@@ -394,8 +397,12 @@ class SavedVariable:
     def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
         hooks = current_hooks()
         if hooks is not None:
-            self._init_hooked(tensor, is_output, hooks)
-            return
+            # A memory plan's pack (kind "recipe") saves the values it recomputes
+            # as their recipes and every other value as it is (None).
+            packed = hooks[0](tensor) if hooks[2] == "recipe" else _PACK
+            if packed is not None:
+                self._init_hooked(tensor, is_output, hooks, packed)
+                return
         self.packed = self.unpack_hook = self._grad_fn = self._leaf = self.packed_kind = None
         if _rt_memory._trackers:
             _rt_memory.retag_saved(tensor._data)
@@ -418,7 +425,7 @@ class SavedVariable:
             self._tensor = tensor
             self._data = None
 
-    def _init_hooked(self, tensor, is_output, hooks):
+    def _init_hooked(self, tensor, is_output, hooks, packed=_PACK):
         pack, unpack, self.packed_kind = hooks
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self._requires_grad = tensor.requires_grad
@@ -438,7 +445,7 @@ class SavedVariable:
         self._tensor = self._data = None
         self._version_counter = None
         version = tensor._version_counter.value
-        self.packed = pack(tensor)  # once per save
+        self.packed = pack(tensor) if packed is _PACK else packed  # once per save
         if tensor._version_counter.value != version:
             raise RuntimeError(
                 "A saved tensor pack hook is modifying its input in place. Tensors provided "

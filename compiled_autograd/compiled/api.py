@@ -179,6 +179,7 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         # (a prim node holds nothing else), and whatever other nodes hold.
         for sv in collected.saved:
             sv.release()
+        collected.recipe_objects.clear()  # (their kept arrays now live in the inputs only)
         for fn in collected.release_nodes:
             fn.release_variables()
     with engine.running(task):

@@ -28,6 +28,7 @@ from compiled_autograd.autograd import engine
 from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd.node import (NODE_CLASSES, AccumulateGrad, PrimBackward,
                                              SavedVariable, accumulate_into)
+from compiled_autograd.autograd.recipe import Kept, Recipe
 from compiled_autograd.compiled import native_walk
 from runtime.prims import index_param_names
 
@@ -53,6 +54,9 @@ class CompiledNodeArgs:
         self.size_pos: dict = {}
         self.param_pos: dict = {}
         self.scalar_pos: dict = {}
+        self.recipes: dict = {}          # id(Recipe) -> its number in this backward
+        self.recipe_objects: list = []   # the Recipes numbered
+        self.kept: dict = {}             # id(kept array) -> its slot in inputs
         self.node = None                 # the node being collected (for error messages)
         self.uncacheable_reason = None   # set when the trace must not be reused
 
@@ -131,6 +135,9 @@ class CompiledNodeArgs:
 
     def _saved(self, sv) -> tuple:
         """Collect a saved variable's value; return its key item."""
+        if sv.packed_kind == "recipe" and not sv.released:
+            self.saved.append(sv)
+            return ("recipe", self._recipe(sv.packed))
         hooked = sv.unpack_hook is not None
         if sv.released or (not hooked and sv._version_counter.value != sv.saved_version):
             sv.check(self.node.name() if self.node is not None else "backward")  # raises
@@ -147,6 +154,34 @@ class CompiledNodeArgs:
         else:
             self.inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
         return (sv.dtype, hooked, len(shape))
+
+    def _recipe(self, recipe) -> tuple:
+        """A value saved as its recipe (``autograd.recipe``): the recipe's shape --
+        prims, params, static sizes, which recipes and kept arrays it shares with
+        the ones collected before -- is the key item; its kept arrays are runtime
+        inputs, checked (version) as saved values are."""
+        seen = self.recipes.get(id(recipe))
+        if seen is not None:
+            return ("seen", seen)
+        items = []
+        for a in recipe.inputs:
+            if type(a) is Recipe:
+                items.append(self._recipe(a))
+            elif type(a) is Kept:
+                a.read(recipe)  # raises if it was modified in place
+                slot = self.kept.get(id(a.data))
+                if slot is None:
+                    slot = self.kept[id(a.data)] = ("inputs", len(self.inputs))
+                    if self.record:
+                        self.slot[("kept", id(a.data))] = slot
+                    self.inputs.append(a.data)
+                items.append(("kept", slot[1], a.data.dtype, a.data.shape))
+            else:
+                items.append(a)
+        self.recipes[id(recipe)] = len(self.recipes)
+        self.recipe_objects.append(recipe)  # (alive while ids are keys)
+        return (recipe.prim.name, tuple(sorted(recipe.params.items())), recipe.shape,
+                recipe.dtype, tuple(items))
 
     def collect_leaf(self, variable, node_type=None) -> None:
         """The leaf Tensor an AccumulateGrad writes into (and, as one key item, the
@@ -183,7 +218,7 @@ class CompiledNodeArgs:
     def clear(self) -> None:
         """Let go of the runtime values (a backward that will not use them)."""
         for values in (self.saved, self.inputs, self.hooks, self.packed_data,
-                       self.release_nodes):
+                       self.release_nodes, self.recipe_objects, self.recipes, self.kept):
             values.clear()
 
     def freeze(self) -> "Key":

@@ -22,6 +22,7 @@ from compiled_autograd.compiled.compiled_args import (INDEX_PARAMS, CompiledNode
 from compiled_autograd.ir import graph as ir
 from compiled_autograd.ir.graph import BOXED, Graph
 from compiled_autograd.autograd.node import AccumulateGrad
+from compiled_autograd.autograd.recipe import Kept, Recipe
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.autograd.tensor import Tensor
 
@@ -102,18 +103,23 @@ class Tracer:
                       for name in BOXED}
         self.constants: list = []   # arrays baked into this graph (lifted into inputs)
         self.source = None
+        self.visits = 0             # autograd nodes visited so far
         self.user_code = 0          # > 0 while a custom Function's backward runs
         self._proxies: dict = {}
 
     # ---------------------------------------------------------- node builders
 
     def _meta(self, shape, dtype):
+        # "visit": which autograd node's visit made the node (the memory planner
+        # places a saved value where its reader's visit starts)
         if shape is None:
-            return {"shape": None, "dtype": None, "nbytes": 0, "source": self.source}
+            return {"shape": None, "dtype": None, "nbytes": 0, "source": self.source,
+                    "visit": self.visits}
         shape = tuple(shape)  # symbolic dims stay symbolic
         dtype = np.dtype(dtype)
         nbytes = int(np.prod([hint(d) for d in shape], dtype=np.int64)) * dtype.itemsize
-        return {"shape": shape, "dtype": dtype, "nbytes": nbytes, "source": self.source}
+        return {"shape": shape, "dtype": dtype, "nbytes": nbytes, "source": self.source,
+                "visit": self.visits}
 
     def sizes(self, owner, shapes):
         """``shapes`` with the dims at dynamic positions made symbolic."""
@@ -199,7 +205,9 @@ class Tracer:
     def saved_proxy(self, sv):
         """The graph value standing for a saved variable."""
         p = self._proxies.get(id(sv))
-        if p is None:
+        if p is None and sv.packed_kind == "recipe":
+            p = self._proxies[id(sv)] = self.recipe_proxy(sv.packed)
+        elif p is None:
             where = self.collected.slot[id(sv)]
             (shape,) = self.sizes(sv, (sv.shape,))
             if where[0] == "inputs":
@@ -212,6 +220,39 @@ class Tracer:
                 node = self.call_hook("unpack_hook", (hook, packed), shape, sv.dtype)
                 node.meta["strides"] = _element_strides(sv, shape)
             p = self._proxies[id(sv)] = Proxy(self, node)
+        return p
+
+    def recipe_proxy(self, recipe):
+        """A value recomputed from its recipe: its prim nodes (and those of the
+        recipes it needs, each made once), emitted here, right before the first
+        node that reads the value; they are freed after their last use like any
+        other value. Kept arrays are read from ``inputs``."""
+        key = ("recipe", id(recipe))
+        p = self._proxies.get(key)
+        if p is not None:
+            return p
+        args = []
+        for a in recipe.inputs:
+            if type(a) is Recipe:
+                args.append(self.recipe_proxy(a))
+            elif type(a) is Kept:
+                where = ("kept", id(a.data))
+                kept = self._proxies.get(where)
+                if kept is None:
+                    _, i = self.collected.slot[where]
+                    kept = self._proxies[where] = Proxy(self, self.getitem(
+                        "inputs", self.input_index(i), a.data.shape, a.data.dtype,
+                        name="kept"))
+                args.append(kept)
+            else:
+                args.append(a)
+        source, self.source = self.source, f"recompute #{recipe.index}"
+        try:
+            p = self.call_prim(recipe.prim, args, recipe.params)
+        finally:
+            self.source = source
+        p.node.meta["recipe"] = recipe.index
+        self._proxies[key] = p
         return p
 
     def lifted_proxy(self, obj, kind=None):
@@ -386,6 +427,7 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset(), none_mask
 
     def visit(fn, grads):
         tracer.source = fn.name()
+        tracer.visits += 1
         if task.captures:
             grads = engine.capture(task, fn, grads, captured,
                                    lambda f, gs: run_hooks(f, gs, ("tensor_pre_hook",)))

@@ -54,6 +54,7 @@ class MemorySchedule:
     live_at_peak: list
     unpacks: dict = field(default_factory=dict)  # value -> (unpack step, free step)
     arena: object = None   # backend "c": its static arena plan (size, lower bound, total)
+    dies_after: dict = field(default_factory=dict, repr=False)  # Graph.last_uses() it used
 
     def __repr__(self):
         arena = f", arena={self.arena.size:,}" if self.arena is not None else ""
@@ -197,4 +198,5 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
             free_step[node.name] = max(users) if users else unpack_step[node.name]
     return MemorySchedule(steps, peak, graph.nodes[peak_index].name if peak_index is not None
                           else None, sorted(peak_live, key=lambda v: -v.bytes),
-                          {k: (unpack_step[k], free_step[k]) for k in unpack_step})
+                          {k: (unpack_step[k], free_step[k]) for k in unpack_step},
+                          dies_after=dies_after)

@@ -1,0 +1,162 @@
+"""Recipes: a saved value replaced by how to make it again.
+
+A forward run under a ``RecipeRecorder`` (what ``with plan:`` installs) records each
+prim call as a ``Recipe``: the prim, its params and its inputs. The recorder is also
+a saved-tensor pack hook of kind "recipe": a value the plan recomputes is saved as
+its recipe instead of its array, so the array is freed as soon as the forward no
+longer needs it. A recipe's inputs are other recipes (values recomputed too) or
+``Kept`` arrays (parameters, inputs, dropout masks and every value the plan keeps):
+what a recomputation starts from.
+
+Prims are pure functions of their inputs, so a replay gives the forward's value
+bit for bit; randomness (dropout) lives outside prims, in masks that are kept. A
+kept array modified in place after it was recorded makes the replay wrong, so it is
+checked as a saved value is: its version must be the one it had.
+
+The eager engine evaluates a recipe when its saved value is unpacked (``value``);
+the tracer of a compiled backward turns it into prim nodes of the graph instead
+(``compiled.tracer``), which the Python and C backends run inline.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_base import TensorBase, type_name
+from runtime import memory as _rt_memory
+from runtime.prims import run_kernel
+
+
+class Kept:
+    """A recipe's input that is kept as it is: an array and the version it had."""
+
+    __slots__ = ("data", "version_counter", "version")
+
+    def __init__(self, data, version_counter=None):
+        self.data = data
+        self.version_counter = version_counter
+        self.version = None if version_counter is None else version_counter.value
+
+    def read(self, recipe) -> np.ndarray:
+        if self.version_counter is not None and self.version_counter.value != self.version:
+            dims = ", ".join(str(d) for d in self.data.shape)
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified "
+                f"by an inplace operation: [{type_name(self.data.dtype)} [{dims}]] is at "
+                f"version {self.version_counter.value}; expected version {self.version} "
+                f"instead. Hint: the memory plan recomputes {recipe.describe()} from this "
+                "value; do the in-place operation on a clone, or after the backward.")
+        return self.data
+
+
+class Recipe:
+    """How a value was made: ``prim(*inputs, **params)``; ``index`` is the prim
+    call's place in the recorded forward (the plan's name for the value)."""
+
+    __slots__ = ("prim", "params", "inputs", "shape", "dtype", "index", "_memo",
+                 "__weakref__")
+
+    def __init__(self, prim, params, inputs, shape, dtype, index):
+        self.prim, self.params, self.inputs = prim, params, inputs
+        self.shape, self.dtype, self.index = tuple(shape), dtype, index
+        self._memo = None
+
+    def describe(self) -> str:
+        return f"{self.prim.name} (forward prim #{self.index})"
+
+    def value(self) -> np.ndarray:
+        """Recompute the value (the eager engine's unpack). A value still alive from
+        an earlier evaluation in this backward is reused, not recomputed."""
+        memo = self._memo() if self._memo is not None else None
+        if memo is not None:
+            return memo
+        args = [a.value() if type(a) is Recipe else a.read(self) if type(a) is Kept else a
+                for a in self.inputs]
+        with _rt_memory.category("recomputed"):
+            out = run_kernel(self.prim, args, self.params)
+            if type(out) is not np.ndarray:
+                out = np.asarray(out)
+            if not (self.prim.view or out.flags.c_contiguous):
+                out = np.ascontiguousarray(out)  # as the forward made it (dispatch)
+        self._memo = weakref.ref(out)
+        return out
+
+    def __repr__(self):
+        return f"<Recipe {self.describe()} {list(self.shape)}>"
+
+
+def unpack_recipe(recipe):
+    """The unpack hook of a value saved as its recipe."""
+    return Tensor._make(recipe.value())
+
+
+class RecipeRecorder:
+    """Records every prim call of a forward as a recipe and saves the values that
+    ``recompute(index)`` says as recipes. A dispatch interceptor (it runs each
+    kernel) and a saved-tensor pack hook (kind "recipe"). ``on_call(index, prim,
+    arrays, params)`` sees each call first (a plan checks the sequence there);
+    ``on_made(index, result, arrays)`` sees each result."""
+
+    kind = "recipe"
+
+    def __init__(self, recompute, on_call=None, on_made=None):
+        self.recompute = recompute
+        self.on_call, self.on_made = on_call, on_made
+        self.count = 0
+        # id(array) -> (weakref to the array, its Recipe or None, index)
+        self._made: dict = {}
+        self._pending = None
+
+    # ---------------------------------------------------- the dispatch interceptor
+
+    def __call__(self, prim, arrays, params):
+        index = self.count
+        if self.on_call is not None:
+            self.on_call(index, prim, arrays, params)
+        out = run_kernel(prim, arrays, params)
+        self.count += 1
+        self._pending = (index, prim, arrays, params)
+        return out
+
+    def observe(self, result, args):
+        index, prim, arrays, params = self._pending
+        self._pending = None
+        data = result._data
+        recipe = None
+        if self.recompute(index):
+            inputs = tuple(self._input(a, arr) for a, arr in zip(args, arrays))
+            recipe = Recipe(prim, params, inputs, data.shape, data.dtype, index)
+        self._made[id(data)] = (weakref.ref(data), recipe, index)
+        if self.on_made is not None:
+            self.on_made(index, result, arrays)
+
+    def _input(self, arg, array):
+        if not isinstance(array, np.ndarray):
+            return array  # a Python scalar: a constant of the call
+        entry = self._made.get(id(array))
+        if entry is not None and entry[0]() is array and entry[1] is not None:
+            return entry[1]
+        return Kept(array, arg._version_counter if isinstance(arg, TensorBase) else None)
+
+    def recipe_of(self, tensor):
+        """The recipe ``tensor`` is saved as, or None (it is saved as it is)."""
+        data = tensor._data
+        entry = self._made.get(id(data))
+        if entry is None or entry[0]() is not data:
+            return None
+        return entry[1]
+
+    def index_of(self, array):
+        """The prim call that made ``array``, or None."""
+        entry = self._made.get(id(array))
+        return entry[2] if entry is not None and entry[0]() is array else None
+
+    def hooks(self):
+        """The (pack, unpack, kind) triple for the saved-tensor hook stack."""
+        return (self.recipe_of, unpack_recipe, self.kind)
+
+    def clear(self) -> None:
+        self._made.clear()
+        self._pending = None

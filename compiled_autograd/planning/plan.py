@@ -1,0 +1,142 @@
+"""A memory plan: which values of one forward are kept and which are recomputed.
+
+    plan = ca.memory.plan_checkpoints(loss_fn, *args, budget=0.5)
+    with plan:
+        loss = loss_fn(*args)        # values in plan.recomputed are saved as recipes
+    loss.backward()                  # ... and recomputed, inline, where needed
+
+Under ``with plan:`` every prim call of the forward is checked against the
+profiled forward (same prim, same input shapes, in the same order): a plan made
+for one forward is refused for another, with the first difference named.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.recipe import RecipeRecorder
+from compiled_autograd.planning.profile import _RecipeHooks, signature_of
+
+
+def _fmt(n) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class Recomputed:
+    """A value the plan recomputes."""
+    index: int         # its prim call in the forward
+    prim: str
+    shape: tuple
+    bytes: int         # its own storage (0: a view)
+    flops: int
+    node: str          # its node in the plan's backward graph
+
+
+class MemoryPlan:
+    """What ``plan_checkpoints`` chose, and the context that applies it."""
+
+    def __init__(self, profile, simulation, budget_bytes, budget, formulation,
+                 planning_seconds, candidates):
+        self.profile = profile
+        self.simulation = simulation
+        self.budget = budget
+        self.budget_bytes = budget_bytes
+        self.baseline_peak_bytes = profile.baseline_peak
+        self.predicted_peak_bytes = simulation.peak
+        self.recompute_flops = simulation.flops
+        self.recompute_seconds = simulation.cost
+        self.formulation = formulation
+        self.planning_seconds = planning_seconds
+        self.profiling_seconds = profile.seconds
+        self.candidates = candidates
+        values = profile.values
+        self.recomputed = [Recomputed(i, values[i].prim, values[i].shape, values[i].nbytes,
+                                      values[i].flops, simulation.node_of[i].name)
+                           for i in sorted(simulation.recompute)]
+        self._recompute = frozenset(simulation.recompute)
+        self._active = []
+
+    @property
+    def kept(self) -> list:
+        """The forward values the plan keeps for the backward (prim call indices)."""
+        return sorted(self.simulation.kept)
+
+    @property
+    def graph(self):
+        """The backward graph the plan predicts (recomputation included)."""
+        return self.simulation.graph
+
+    def __repr__(self):
+        return (f"MemoryPlan(budget={_fmt(self.budget_bytes)}, predicted_peak="
+                f"{_fmt(self.predicted_peak_bytes)}, baseline_peak="
+                f"{_fmt(self.baseline_peak_bytes)}, recomputed={len(self.recomputed)} values, "
+                f"recompute_flops={self.recompute_flops:,})")
+
+    # ------------------------------------------------------------ applying it
+
+    def _check(self, index, prim, arrays, params):
+        expected = self.profile.signature
+        got = signature_of(prim, arrays)
+        if index >= len(expected) or expected[index] != got:
+            want = (f"{expected[index][0]} on shapes {_shapes(expected[index][1])}"
+                    if index < len(expected) else "nothing (it had ended)")
+            raise RuntimeError(
+                f"memory plan: this forward is not the one the plan was made for: its prim "
+                f"call #{index} is {got[0]} on shapes {_shapes(got[1])}, the profiled forward "
+                f"called {want}. A plan fits one forward (the same prims on the same shapes, "
+                "in the same order); make a new plan with ca.memory.plan_checkpoints for "
+                "this one.")
+
+    def __enter__(self):
+        recorder = RecipeRecorder(self._recompute.__contains__, self._check)
+        hooks = _RecipeHooks(recorder.recipe_of, recorder.hooks()[1])
+        hooks.__enter__()
+        dispatch.push_interceptor(recorder)
+        self._active.append((recorder, hooks))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        recorder, hooks = self._active.pop()
+        dispatch.pop_interceptor(recorder)
+        hooks.__exit__(None, None, None)
+        recorder.clear()
+        expected = len(self.profile.signature)
+        if exc_type is None and recorder.count != expected:
+            raise RuntimeError(
+                f"memory plan: this forward is not the one the plan was made for: it made "
+                f"{recorder.count} prim calls, the profiled forward {expected}. Make a new "
+                "plan with ca.memory.plan_checkpoints for this one.")
+        return False
+
+    # ------------------------------------------------------------ showing it
+
+    def table(self) -> str:
+        """The plan as text: budget, peaks, cost, and one row per recomputed value."""
+        base = self.baseline_peak_bytes
+        rows = [f"memory plan ({self.formulation}): budget {_fmt(self.budget_bytes)} "
+                f"({self.budget_bytes / base:.2f} of the peak without checkpointing, "
+                f"{_fmt(base)})",
+                f"predicted peak {_fmt(self.predicted_peak_bytes)} "
+                f"({self.predicted_peak_bytes / base:.2f}); forward "
+                f"{_fmt(self.simulation.forward_peak)}, backward "
+                f"{_fmt(self.simulation.backward_peak)}",
+                f"recomputes {len(self.recomputed)} of {self.candidates} candidate values: "
+                f"{self.recompute_flops:,} FLOPs (~{self.recompute_seconds * 1e3:.2f} ms at "
+                "the reference rates); keeps "
+                f"{len(self.kept)} values",
+                f"profiling {self.profiling_seconds:.2f} s, planning "
+                f"{self.planning_seconds:.3f} s", "",
+                f"{'forward #':>9}  {'prim':<14} {'shape':<18} {'bytes':>11} {'FLOPs':>13}  "
+                "backward graph node"]
+        for r in self.recomputed:
+            rows.append(f"{r.index:>9}  {r.prim:<14} {str(list(r.shape)):<18} {r.bytes:>11,} "
+                        f"{r.flops:>13,}  {r.node}")
+        return "\n".join(rows)
+
+
+def _shapes(shapes) -> str:
+    return ", ".join("scalar" if s is None else str(list(s)) for s in shapes) or "none"

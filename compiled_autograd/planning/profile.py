@@ -1,0 +1,231 @@
+"""What a recomputation planner needs to know about one forward and backward.
+
+``profile_for_planning(fn, args, kwargs, backend)`` runs ``fn`` three times:
+
+1. warm-up: forward and backward (a compiled backend compiles here, outside any
+   measurement);
+2. baseline: forward and backward under ``ca.memory.profile()``, no plan: the peak
+   a budget fraction refers to;
+3. recording: the forward under a ``RecipeRecorder`` that saves *every* value it
+   can as its recipe, so that each array is freed as soon as the forward's own
+   Python code lets go of it. It records each prim call (a ``Value``: prim, inputs,
+   bytes, FLOPs, whether a backward node saved it, when it was freed) and the live
+   bytes after each call; then the backward of that forward is traced (not run):
+   a graph in which every saved value is recomputed from the forward's inputs.
+
+A plan keeps some values and recomputes the others: ``simulate`` derives its
+backward graph from the recorded one (kept values become graph inputs, dead
+recomputation is dropped) and plans its memory with ``memory_schedule``, the
+planner every backend's accounting is compared against. Gradients the profiling
+runs accumulate are put back as they were.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.recipe import RecipeRecorder
+from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
+from compiled_autograd.compiled.api import compiled_backward, trace_backward
+from compiled_autograd.ir.graph import Graph
+from compiled_autograd.memory.profile import profile
+from compiled_autograd.memory.schedule import memory_schedule
+from runtime import memory as _rt
+from runtime.prims import PRIMS
+
+# Reference rates of the recompute cost (a numpy kernel on one core, roughly):
+# cost in seconds = FLOPs / FLOP_RATE + bytes read and written / BYTE_RATE.
+FLOP_RATE = 10e9
+BYTE_RATE = 5e9
+
+_HEAVY = {"gelu": 20, "erf": 20, "exp": 8, "log": 8, "tanh": 8, "sigmoid": 8, "sin": 8,
+          "cos": 8, "pow": 8, "sqrt": 4, "layer_norm": 8, "softmax": 10, "log_softmax": 10}
+
+
+def prim_flops(name, in_shapes, out_shape) -> int:
+    """An estimate of a prim's floating-point operations: 2 M N K for a matrix
+    product, a per-element weight for transcendental and normalizing prims, one
+    per element otherwise (reductions count their input), none for a view."""
+    prim = PRIMS[name]
+    out = int(np.prod(out_shape)) if out_shape is not None else 0
+    if prim.view:
+        return 0
+    if name in ("matmul", "linear"):
+        return 2 * out * int(in_shapes[0][-1]) if in_shapes[0] else out
+    biggest = max([int(np.prod(s)) for s in in_shapes if s is not None] + [out])
+    return _HEAVY.get(name, 1) * biggest
+
+
+@dataclass
+class Value:
+    """One prim call of the recorded forward and the value it made."""
+    index: int
+    prim: str
+    inputs: tuple          # per input: ("value", j), ("kept", array id) or a constant
+    shape: tuple
+    dtype: object
+    nbytes: int            # bytes of its own storage (0: a view of its input's)
+    storage: int | None    # the value owning its storage (None: an array from outside)
+    flops: int
+    cost: float            # seconds at the reference rates
+    saved: bool = False    # a backward node saved it
+    freed_at: int | None = None   # prim calls done when the forward freed its storage
+
+
+@dataclass
+class PlanningProfile:
+    values: list                  # Value per prim call
+    signature: list               # (prim, input shapes) per call: what a plan checks
+    baseline_peak: int            # forward+backward, no plan, ca.memory.profile()
+    forward_live: list            # live bytes after each prim call (recording run)
+    backward_start: int           # live bytes when the backward starts (recording run)
+    graph: Graph                  # the recorded backward: every saved value recomputed
+    packed_kinds: list
+    backend: object
+    seconds: float = 0.0
+    baseline_profile: object = None
+    node_of: dict = field(default_factory=dict)   # value index -> recipe node
+
+
+def _leaves(loss):
+    """The leaf Tensors a backward of ``loss`` accumulates into."""
+    out, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)
+        if variable is not None:
+            out.append(variable)
+        stack.extend(f for f, _ in fn.next_functions)
+    return out
+
+
+def _backward(loss, backend):
+    """``loss.backward()`` on ``backend``, leaving every leaf's .grad as it was."""
+    leaves = _leaves(loss)
+    before = [leaf.grad for leaf in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    try:
+        if backend == "eager":
+            loss.backward()
+        else:
+            with compiled_backward(backend=backend):
+                loss.backward()
+    finally:
+        for leaf, g in zip(leaves, before):
+            leaf.grad = g
+
+
+def _scalar_loss(fn, args, kwargs):
+    loss = fn(*args, **kwargs)
+    if getattr(loss, "grad_fn", None) is None or loss.shape not in ((), (1,)):
+        raise RuntimeError("plan_checkpoints: fn must return a scalar loss that requires "
+                           "grad (a Tensor of shape () with a grad_fn), got "
+                           f"{type(loss).__name__} {getattr(loss, 'shape', '')}")
+    return loss
+
+
+class _Recording:
+    """The recorder's callbacks during the recording run."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.values, self.signature, self.live = [], [], []
+        self.recorder = None
+        self.done = False
+
+    def on_call(self, index, prim, arrays, params):
+        self.signature.append(signature_of(prim, arrays))
+
+    def on_made(self, index, result, arrays):
+        data = result._data
+        rec = self.recorder
+        inputs, in_shapes, read = [], [], 0
+        for a in arrays:
+            if isinstance(a, np.ndarray):
+                j = rec.index_of(a)
+                inputs.append(("value", j) if j is not None else ("kept", id(a)))
+                in_shapes.append(a.shape)
+                read += a.nbytes
+            else:
+                inputs.append(a)
+                in_shapes.append(None)
+        prim = PRIMS[self.signature[index][0]]
+        root = _root(data)
+        storage, nbytes = index, root.nbytes
+        sharing = [rec.index_of(a) for a in arrays
+                   if isinstance(a, np.ndarray) and _root(a) is root]
+        if sharing:  # a view: of a recorded value, or of an array from outside
+            storage = next((self.values[j].storage for j in sharing if j is not None), None)
+            nbytes = 0
+        flops = prim_flops(prim.name, in_shapes, data.shape)
+        written = 0 if prim.view else data.nbytes
+        self.values.append(Value(index, prim.name, tuple(inputs), data.shape, data.dtype,
+                                 nbytes, storage, flops,
+                                 flops / FLOP_RATE + (read + written) / BYTE_RATE))
+        if storage == index:
+            weakref.finalize(root, self._freed, index)
+        self.live.append(self.tracker.live_bytes)
+
+    def _freed(self, index):
+        value = self.values[index]
+        if value.freed_at is None and not self.done:  # (after the forward: alive at its end)
+            value.freed_at = self.recorder.count
+
+    def pack(self, tensor):
+        recipe = self.recorder.recipe_of(tensor)
+        if recipe is not None:
+            self.values[recipe.index].saved = True
+        return recipe
+
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def signature_of(prim, arrays) -> tuple:
+    return (prim.name, tuple(a.shape if isinstance(a, np.ndarray) else None for a in arrays))
+
+
+class _RecipeHooks(saved_tensors_hooks):
+    kind = "recipe"
+
+
+def profile_for_planning(fn, args, kwargs, backend="python") -> PlanningProfile:
+    start = time.perf_counter()
+    _backward(_scalar_loss(fn, args, kwargs), backend)            # warm-up
+    with profile(tracemalloc_witness=False) as base:
+        _backward(_scalar_loss(fn, args, kwargs), backend)
+    with profile(tracemalloc_witness=False):
+        tracker = _rt._trackers[-1]
+        rec = _Recording(tracker)
+        recorder = RecipeRecorder(lambda i: True, rec.on_call, rec.on_made)
+        rec.recorder = recorder
+
+        def pack(tensor):
+            return rec.pack(tensor)
+        dispatch.push_interceptor(recorder)
+        try:
+            with _RecipeHooks(pack, recorder.hooks()[1]):
+                loss = _scalar_loss(fn, args, kwargs)
+        finally:
+            dispatch.pop_interceptor(recorder)
+            recorder.clear()
+        rec.done = True
+        # (and the backward makes the root's gradient first, outside its graph)
+        backward_start = tracker.live_bytes + loss._data.nbytes
+        traced = trace_backward(loss)
+        del loss
+    node_of = {n.meta["recipe"]: n for n in traced.graph.nodes if "recipe" in n.meta}
+    return PlanningProfile(rec.values, rec.signature, base.peak_bytes, rec.live,
+                           backward_start, traced.graph, traced.packed_kinds or [],
+                           backend, time.perf_counter() - start, base, node_of)

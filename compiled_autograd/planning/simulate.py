@@ -1,0 +1,158 @@
+"""The predicted memory of forward plus backward under a plan, from the profile.
+
+A plan is the set ``recompute`` of forward values (prim call indices) that are
+saved as recipes. ``needed`` follows: the values backward nodes saved, and the
+inputs of every recomputed value's recipe; the needed values not recomputed are
+kept (their storages live from the forward until their last use in the backward).
+
+Forward: the recording run's live bytes after each prim call, plus every kept
+storage the recording run had already freed by then.
+
+Backward: the recorded graph recomputes every saved value; the plan's graph is
+derived from it exactly as the tracer would build it -- each saved value is
+emitted where the autograd node that first reads it starts (its recomputation's
+prim nodes, with what they need that was not emitted before; a kept value is read
+from ``inputs`` instead) -- and planned with ``memory_schedule``
+(the one liveness analysis, ``Graph.last_uses``). To its live bytes come the
+bytes live when the backward starts, plus the kept storages until their last use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiled_autograd.ir.graph import Graph
+from compiled_autograd.memory.schedule import memory_schedule
+
+
+@dataclass
+class Simulation:
+    recompute: frozenset      # the values recomputed (only those needed)
+    kept: frozenset           # the values kept for the backward
+    peak: int                 # predicted peak of forward plus backward
+    forward_peak: int
+    backward_peak: int
+    cost: float               # recompute cost, seconds at the reference rates
+    flops: int                # recompute FLOPs
+    graph: Graph              # the plan's backward graph
+    schedule: object          # its MemorySchedule
+    node_of: dict             # recomputed value -> its node in ``graph``
+
+
+def needed_values(profile, recompute) -> tuple[frozenset, frozenset]:
+    """(recomputed, kept): the values the backward needs, split by the plan."""
+    values = profile.values
+    needed, stack = set(), [v.index for v in values if v.saved]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        if i in recompute:
+            stack.extend(a[1] for a in values[i].inputs
+                         if type(a) is tuple and a and a[0] == "value")
+    return frozenset(needed & recompute), frozenset(needed - recompute)
+
+
+def kept_storages(profile, kept) -> dict:
+    """storage -> bytes, for the storages the kept values hold that the recording
+    run freed during the forward (the rest were alive anyway)."""
+    out = {}
+    for i in kept:
+        s = profile.values[i].storage
+        if s is not None and profile.values[s].freed_at is not None:
+            out[s] = profile.values[s].nbytes
+    return out
+
+
+def plan_graph(profile, recompute):
+    """The plan's backward graph: (graph, node_of recomputed value, kept reads)."""
+    old_graph = profile.graph
+    graph = Graph()
+    new, node_of, kept_nodes = {}, {}, {}
+
+    def copy(old, args):
+        node = graph.create_node(old.op, old.target, args, old.kwargs, name=old.name,
+                                 meta=old.meta)
+        new[old] = node
+        return node
+
+    def arg(a):
+        if not hasattr(a, "op"):
+            return tuple(arg(x) for x in a) if isinstance(a, (tuple, list)) else a
+        if a in new:
+            return new[a]
+        index = a.meta.get("recipe")
+        if index is None:   # a read that the walk has not reached yet
+            return copy(a, tuple(arg(x) for x in a.args))
+        if index not in recompute:
+            node = graph.create_node("call_function", "getitem", (new[old_graph.nodes[0]], -1),
+                                     name="kept", meta={**a.meta, "kept": index})
+            kept_nodes[index] = node
+            new[a] = node
+            return node
+        node = copy(a, tuple(arg(x) for x in a.args))
+        node_of[index] = node
+        return node
+
+    # A saved value (a recipe node that a node outside the recomputation reads) is
+    # swapped in when the visit of the autograd node that first reads it starts:
+    # it is emitted there, with what it needs that was not emitted before.
+    position = {node: i for i, node in enumerate(old_graph.nodes)}
+    swapped_at: dict = {}
+    for old in old_graph.nodes:
+        if "recipe" in old.meta:
+            readers = [u for u in old.users if "recipe" not in u.meta]
+            if readers:
+                visit = min(readers, key=position.__getitem__).meta["visit"]
+                swapped_at.setdefault(visit, []).append(old)
+    visit = None
+    for old in old_graph.nodes:
+        if old.meta.get("visit") != visit and "recipe" not in old.meta:
+            visit = old.meta.get("visit")
+            for saved in swapped_at.pop(visit, ()):
+                arg(saved)
+        if old in new or "recipe" in old.meta:
+            continue
+        copy(old, tuple(arg(a) for a in old.args))
+    return graph, node_of, kept_nodes
+
+
+def simulate(profile, recompute) -> Simulation:
+    recompute, kept = needed_values(profile, frozenset(recompute))
+    storages = kept_storages(profile, kept)
+    values = profile.values
+    # forward
+    extra_at = {}
+    for s, nbytes in storages.items():
+        t = values[s].freed_at
+        extra_at[t] = extra_at.get(t, 0) + nbytes
+    extra, forward_peak = 0, 0
+    for t, live in enumerate(profile.forward_live):
+        extra += extra_at.get(t, 0)
+        forward_peak = max(forward_peak, live + extra)
+    # backward
+    graph, node_of, kept_nodes = plan_graph(profile, recompute)
+    schedule = memory_schedule(graph, profile.packed_kinds)
+    dies_after = schedule.dies_after
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    last = {}
+    for node, dead in dies_after.items():
+        for d in dead:
+            index = d.meta.get("kept")
+            if index is not None and kept_nodes.get(index) is d:
+                s = values[index].storage
+                last[s] = max(last.get(s, -1), position[node])
+    freed_after = {}
+    for s, nbytes in storages.items():
+        at = last.get(s)
+        if at is not None:
+            freed_after[at] = freed_after.get(at, 0) + nbytes
+    start = profile.backward_start + sum(storages.values())
+    released, backward_peak = 0, start
+    for step in schedule.steps:
+        backward_peak = max(backward_peak, start - released + step.peak_bytes)
+        released += freed_after.get(step.index, 0)
+    done = [i for i in recompute if i in node_of]
+    return Simulation(frozenset(done), kept, max(forward_peak, backward_peak), forward_peak,
+                      backward_peak, sum(values[i].cost for i in done),
+                      sum(values[i].flops for i in done), graph, schedule, node_of)

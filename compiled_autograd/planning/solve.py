@@ -1,0 +1,234 @@
+"""Choosing what to recompute: the least recompute cost whose predicted peak fits.
+
+Two formulations, both judged by the same simulation (``simulate``):
+
+- ``"knapsack"`` (the default): items are the values the backward needs; recomputing
+  one frees its storage (unless another kept value holds it) but keeps its recipe's
+  inputs, at the cost of its prim. Greedily take the item with the most bytes freed
+  per unit of cost (gains are updated after each take: an input that became kept
+  frees nothing more), which orders the values from cheapest-per-byte to dearest;
+  the plan is the shortest prefix of that order whose simulated peak fits the
+  budget (a bisection), then each recomputation is dropped again, dearest first,
+  if the peak still fits without it.
+- ``"mincut"``: PyTorch's partitioner. A flow network with an edge of capacity
+  "bytes of v" from v_in to v_out for every value, infinite edges along the data
+  flow, the backward's needs into the sink, and the source into every value that
+  may not be recomputed; a minimum cut is the set of values to keep with the fewest
+  bytes, everything past it recomputed. Which values may be recomputed is a
+  threshold on cost per byte, chosen by bisection as the cheapest that fits.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import networkx as nx
+
+from compiled_autograd.planning.simulate import needed_values, simulate
+
+
+PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisection
+PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
+PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
+REPAIR_ROUNDS = 4     # single-value flips tried when no prefix fits
+
+
+class _Planner:
+    def __init__(self, profile, budget_bytes):
+        self.profile = profile
+        self.budget = budget_bytes
+        self.values = profile.values
+        self.simulations = {}
+
+    def sim(self, recompute):
+        recompute = needed_values(self.profile, frozenset(recompute))[0]
+        s = self.simulations.get(recompute)
+        if s is None:
+            s = self.simulations[recompute] = simulate(self.profile, recompute)
+        return s
+
+    def fits(self, recompute) -> bool:
+        return self.sim(recompute).peak <= self.budget
+
+    def best(self, plans):
+        fitting = [s for s in plans if s.peak <= self.budget]
+        return min(fitting, key=lambda s: (s.cost, s.peak)) if fitting else None
+
+    # ------------------------------------------------------------ knapsack
+
+    def greedy_order(self) -> list:
+        """Values in the order the greedy knapsack recomputes them. An item is a
+        kept storage: recomputing every kept value that holds it frees it. Each
+        such value's recipe reads its inputs either kept as they are (which may
+        keep new storages) or recomputed too, back to values already kept (a
+        chain): whichever frees more bytes per unit of cost."""
+        values = self.values
+        recompute, order = set(), []
+        while True:
+            _, kept = needed_values(self.profile, frozenset(recompute))
+            holders = {}
+            for i in kept:
+                holders.setdefault(values[i].storage, set()).add(i)
+            best, best_ratio = None, 0.0
+            for storage, members in holders.items():
+                freed = self._bytes(storage) if storage is not None else 0
+                if not freed:
+                    continue
+                for move in (self._chain(members, kept | recompute),
+                             self._alone(members, kept, recompute, holders)):
+                    if move is None:
+                        continue
+                    take, new_bytes = move
+                    gain = freed - new_bytes
+                    cost = sum(values[i].cost for i in take)
+                    ratio = gain / max(cost, 1e-12)
+                    if gain > 0 and ratio > best_ratio:
+                        best, best_ratio = take, ratio
+            if best is None:
+                return order
+            for i in sorted(best):
+                recompute.add(i)
+                order.append(i)
+
+    def _inputs(self, i):
+        return [a[1] for a in self.values[i].inputs
+                if type(a) is tuple and a and a[0] == "value"]
+
+    def _chain(self, members, available):
+        """Recompute ``members`` and what they need back to ``available`` values."""
+        take, stack = set(), list(members)
+        while stack:
+            i = stack.pop()
+            if i in take or (i in available and i not in members):
+                continue
+            take.add(i)
+            stack.extend(self._inputs(i))
+        return take, 0
+
+    def _alone(self, members, kept, recompute, holders):
+        """Recompute ``members`` alone; the inputs they read become kept."""
+        new = {self.values[j].storage for i in members for j in self._inputs(i)
+               if j not in kept and j not in recompute and j not in members}
+        new -= set(holders) | {None}
+        return set(members), sum(self._bytes(s) for s in new)
+
+    def _bytes(self, storage) -> int:
+        v = self.values[storage]
+        return v.nbytes if v.freed_at is not None else 0
+
+    def knapsack(self):
+        order = self.greedy_order()
+        prefixes = [frozenset(order[:k]) for k in range(len(order) + 1)]
+        # Peaks fall as the prefix grows, until recomputed values start to pile up
+        # in the backward (each lives from its recomputation to its last use): the
+        # shortest fitting prefix among evenly spaced ones, then a bisection
+        # between it and the sample before.
+        samples = _spread(list(range(len(prefixes))), PREFIX_SAMPLES)
+        first = next((k for k in samples if self.fits(prefixes[k])), None)
+        if first is None:
+            # None of them fits: look between the lowest one's neighbours (the
+            # smallest peak the planner reports is the least found there).
+            low = min(samples, key=lambda k: self.sim(prefixes[k]).peak)
+            at = samples.index(low)
+            near = range(samples[max(at - 1, 0)], samples[min(at + 1, len(samples) - 1)] + 1)
+            first = next((k for k in _spread(list(near), PREFIX_SAMPLES)
+                          if self.fits(prefixes[k])), None)
+            if first is None:
+                start = self.repair(min((prefixes[k] for k in near),
+                                        key=lambda p: self.sim(p).peak))
+                return (None if start is None else self.prune(start.recompute)), prefixes
+            samples = [k for k in near if k <= first]
+        lo, hi = samples[max(samples.index(first) - 1, 0)], first
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.fits(prefixes[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.prune(self.sim(prefixes[hi]).recompute), prefixes
+
+    def prune(self, recompute):
+        chosen = set(recompute)
+        # Drop recomputations the budget does not need, dearest first (the few
+        # that make most of the cost: each trial is a simulation).
+        total = sum(self.values[i].cost for i in chosen)
+        dear = sorted((i for i in chosen if self.values[i].cost > PRUNE_SHARE * total),
+                      key=lambda i: -self.values[i].cost)
+        for i in dear[:PRUNE_TRIALS]:
+            trial = chosen - {i}
+            if self.fits(trial):
+                chosen = trial
+        return self.sim(chosen)
+
+    def repair(self, start):
+        """No prefix fits: from the lowest one, flip one value at a time (recompute
+        it, or keep it again), taking the flip that lowers the peak most, while
+        any does; then the cheapest fitting plan seen, or None."""
+        current = self.sim(start)
+        for _ in range(REPAIR_ROUNDS):
+            if current.peak <= self.budget:
+                break
+            flips = [self.sim(current.recompute ^ {v.index}) for v in self.values]
+            best = min(flips, key=lambda s: (s.peak, s.cost))
+            if best.peak >= current.peak:
+                break
+            current = best
+        return self.best(self.simulations.values())
+
+    # ------------------------------------------------------------ min-cut
+
+    def min_cut(self, allowed) -> frozenset:
+        """The values past a minimum cut when only ``allowed`` may be recomputed."""
+        values = self.values
+        g = nx.DiGraph()
+        g.add_node("source")
+        for v in values:
+            nbytes = self._bytes(v.storage) if v.storage is not None else 0
+            g.add_edge(("in", v.index), ("out", v.index), capacity=nbytes)
+            if v.index not in allowed:
+                g.add_edge("source", ("in", v.index), capacity=math.inf)
+            for a in v.inputs:
+                if type(a) is tuple and a and a[0] == "value":
+                    g.add_edge(("out", a[1]), ("in", v.index), capacity=math.inf)
+            if v.saved:
+                g.add_edge(("out", v.index), "sink", capacity=math.inf)
+        if "sink" not in g:
+            return frozenset()
+        _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+        return frozenset(v.index for v in values
+                         if ("in", v.index) not in reachable and v.index in allowed)
+
+    def mincut(self):
+        values = self.values
+        per_byte = sorted({v.cost / max(self._bytes(v.storage) if v.storage is not None
+                                        else 0, 1) for v in values})
+        plans = [self.sim(self.min_cut({v.index for v in values
+                                        if v.cost / max(self._bytes(v.storage) if v.storage
+                                                        is not None else 0, 1) <= t}))
+                 for t in _spread(per_byte, 24)]
+        best = self.best(plans)
+        return (None if best is None else self.prune(best.recompute)), plans
+
+
+def _spread(xs, n):
+    """Up to ``n`` of ``xs`` (sorted), evenly spaced, always the last."""
+    if len(xs) <= n:
+        return xs
+    step = (len(xs) - 1) / (n - 1)
+    return [xs[round(k * step)] for k in range(n)]
+
+
+FORMULATIONS = ("knapsack", "mincut")
+
+
+def solve(profile, budget_bytes, formulation="knapsack"):
+    """(simulation of the chosen plan or None, seconds, smallest peak seen)."""
+    if formulation not in FORMULATIONS:
+        raise ValueError(f"plan_checkpoints: formulation must be one of {FORMULATIONS}, "
+                         f"got {formulation!r}")
+    start = time.perf_counter()
+    planner = _Planner(profile, budget_bytes)
+    chosen, _ = planner.knapsack() if formulation == "knapsack" else planner.mincut()
+    seconds = time.perf_counter() - start
+    smallest = min(s.peak for s in planner.simulations.values())
+    return chosen, seconds, smallest, planner

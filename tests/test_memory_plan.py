@@ -1,0 +1,232 @@
+"""ca.memory.plan_checkpoints: recomputation as prims in the backward graph, chosen
+for a memory budget. Gradients under a plan equal those without it; the predicted
+peak is the measured one, to the byte; the planner's cost is compared with the
+exhaustive optimum on small graphs; a plan adds no Python call on "c"."""
+import itertools
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from codegen.c_run import CBackward
+from compiled_autograd.examples import build
+from compiled_autograd.planning.profile import profile_for_planning
+from compiled_autograd.planning.simulate import needed_values, simulate
+from compiled_autograd.planning.solve import solve
+from helpers import BACKENDS, MLP, needs_cc
+
+pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
+F = ca.nn.functional
+
+
+def _backward(loss, backend):
+    if backend == "eager":
+        loss.backward()
+    else:
+        with ca.compiled_backward(backend=backend):
+            loss.backward()
+
+
+def _grads(ex):
+    out = [p.grad.numpy().copy() for p in ex.parameters()]
+    ex.zero_grad()
+    return out
+
+
+def _measured_peak(plan, ex, backend="python"):
+    """forward + backward under ``plan``, warm (the second run is measured), with
+    every .grad None at the start (as the plan assumes: after zero_grad)."""
+    fn = ex.loss
+    for _ in range(2):
+        ex.zero_grad()
+        with ca.memory.profile(tracemalloc_witness=False) as prof:
+            with plan:
+                loss = fn()
+            _backward(loss, backend)
+            del loss
+    return prof.peak_bytes
+
+
+# (activations, not parameter gradients, make most of the peak: there is room to plan)
+SMALL_TRANSFORMER = dict(layers=2, d_model=32, heads=2, seq=16, batch=4, vocab=50)
+SMALL_MLP = dict(layers=4, width=32, batch=64, activation="gelu")
+MODELS = [("transformer", SMALL_TRANSFORMER), ("mlp", SMALL_MLP)]
+
+
+@pytest.mark.parametrize("name,sizes", MODELS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_under_a_plan_equal_those_without(name, sizes, backend):
+    ex = build(name, **sizes)
+    _backward(ex.loss(), "eager")
+    expected = _grads(ex)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.75)
+    assert plan.recomputed and ex.parameters()[0].grad is None  # planning left no .grad
+    for _ in range(2):   # a miss, then a cache hit
+        with plan:
+            loss = ex.loss()
+        _backward(loss, backend)
+        for g, e in zip(_grads(ex), expected):
+            if backend == "c":
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+            else:
+                assert np.array_equal(g, e)
+
+
+@pytest.mark.parametrize("name,sizes", MODELS)
+def test_predicted_peak_is_the_measured_peak_and_fits_the_budget(name, sizes):
+    ex = build(name, **sizes)
+    reached = 0
+    for budget in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2):
+        try:
+            plan = ca.memory.plan_checkpoints(ex.loss, budget=budget)
+        except RuntimeError as e:
+            assert "the smallest peak a plan reaches is" in str(e)
+            continue
+        reached += 1
+        measured = _measured_peak(plan, ex)
+        assert measured == plan.predicted_peak_bytes
+        assert measured <= plan.budget_bytes == int(budget * plan.baseline_peak_bytes)
+    assert reached >= 3
+
+
+def test_the_backward_graph_recomputes_what_the_plan_says_as_prim_nodes():
+    ex = build("transformer", **SMALL_TRANSFORMER)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.6)
+    with plan:
+        loss = ex.loss()
+    g = ca.trace_backward(loss)
+    recomputed = {n.meta["recipe"]: n for n in g.graph.nodes if "recipe" in n.meta}
+    assert set(recomputed) == {r.index for r in plan.recomputed}
+    assert all(n.op == "call_function" for n in recomputed.values())
+    assert not [n for n in g.graph.nodes if n.op == "call_hook" and n.target != "accumulate_grad"]
+    assert g.memory_schedule().peak_bytes == plan.simulation.schedule.peak_bytes
+    table = plan.table()
+    assert "predicted peak" in table and f"recomputes {len(plan.recomputed)} of" in table
+    assert all(r.node in table for r in plan.recomputed)
+
+
+@needs_cc
+def test_a_plan_adds_no_python_call_on_c():
+    ex = build("transformer", **SMALL_TRANSFORMER)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.6)
+    with plan:
+        loss = ex.loss()
+    planned = CBackward(ca.trace_backward(loss).graph, build=False).prog
+    plain = CBackward(ca.trace_backward(ex.loss()).graph, build=False).prog
+    by_layer = CBackward(ca.trace_backward(build("transformer", checkpoint="layer",
+                                                 **SMALL_TRANSFORMER).loss()).graph,
+                         build=False).prog
+    assert len(planned.sites) == len(plain.sites) == 0 < len(by_layer.sites)
+
+
+def test_a_different_forward_is_refused_and_nothing_is_left_installed():
+    ex = build("mlp", **MLP)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=1.0)
+    other = build("mlp", **dict(MLP, batch=MLP["batch"] + 1))
+    with pytest.raises(RuntimeError, match=r"not the one the plan was made for: its prim "
+                                           r"call #0 is linear on shapes"):
+        with plan:
+            other.loss()
+    w = ca.tensor(np.ones((3, 4), np.float32), requires_grad=True)
+    x = ca.tensor(np.ones((2, 4), np.float32))
+    short = ca.memory.plan_checkpoints(lambda: F.linear(x, w).tanh().sum(), budget=1.0)
+    with pytest.raises(RuntimeError, match=r"it made 1 prim calls, the profiled forward 3"):
+        with short:
+            F.linear(x, w)
+    # nothing of the plan is left: a plain forward saves its values as they are
+    from compiled_autograd.autograd import dispatch
+    from compiled_autograd.autograd.saved_hooks import current_hooks
+    assert current_hooks() is None and not dispatch._interceptors
+    other.loss().backward()
+
+
+def test_a_kept_value_modified_in_place_fails_as_a_saved_one_does():
+    w = ca.tensor(np.linspace(-1, 1, 12).reshape(3, 4), requires_grad=True)
+    x = ca.tensor(np.linspace(0, 1, 8).reshape(2, 4).astype(np.float32))
+
+    def fn():   # x is read only by the recipe of tanh's output (nothing saves it)
+        return ((x * 2) + w[0]).tanh().sum()
+    plan = ca.memory.plan_checkpoints(fn, budget=1.0)
+    plan._recompute = frozenset(v.index for v in plan.profile.values)   # recompute all
+    for backend in ("eager", "python"):
+        with plan:
+            loss = fn()
+        with ca.no_grad():
+            x.add_(1.0)
+        with pytest.raises(RuntimeError, match=r"modified by an inplace operation: "
+                                               r"\[ca.FloatTensor \[2, 4\]\] is at version \d; "
+                                               r"expected version \d instead. Hint: the memory "
+                                               r"plan recomputes mul"):
+            _backward(loss, backend)
+
+
+def test_budget_errors():
+    ex = build("mlp", **MLP)
+    with pytest.raises(TypeError, match="budget must be a float in"):
+        ca.memory.plan_checkpoints(ex.loss, budget="half")
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\], got 1.5"):
+        ca.memory.plan_checkpoints(ex.loss, budget=1.5)
+    with pytest.raises(ValueError, match="must be positive"):
+        ca.memory.plan_checkpoints(ex.loss, budget=0)
+    with pytest.raises(RuntimeError, match=r"no plan fits a budget of 10 bytes \(0.01 of the "
+                                           r"peak .*the smallest peak a plan reaches is"):
+        ca.memory.plan_checkpoints(ex.loss, budget=10)
+    with pytest.raises(RuntimeError, match="fn must return a scalar loss"):
+        ca.memory.plan_checkpoints(lambda: ca.ones(3), budget=0.5)
+
+
+# ------------------------------------------------------------- against the optimum
+
+def _small_programs():
+    rng = np.random.default_rng(0)
+
+    def param(*shape):
+        return ca.tensor(rng.standard_normal(shape) * 0.3, requires_grad=True)
+    x = ca.tensor(rng.standard_normal((256, 32)))
+    w1, w2, w3 = param(48, 32), param(48, 48), param(16, 48)
+
+    def chain():      # linear -> tanh -> linear -> gelu -> linear -> tanh -> linear
+        h = F.linear(x, w1).tanh()
+        h = F.gelu(F.linear(h, w2))
+        h = F.linear(h, w2).tanh()
+        y = F.linear(h, w3)
+        return (y * y).sum()
+
+    def residual():   # a pre-LayerNorm residual block, twice
+        h = F.linear(x, w1)
+        for _ in range(2):
+            h = h + F.gelu(F.linear(F.layer_norm(h, (48,)), w2))
+        return F.linear(h, w3).tanh().sum()
+    return {"chain": chain, "residual": residual}
+
+
+@pytest.mark.parametrize("program", ["chain", "residual"])
+@pytest.mark.parametrize("formulation", ["knapsack", "mincut"])
+def test_the_planners_cost_is_within_ten_percent_of_the_exhaustive_optimum(program,
+                                                                          formulation):
+    fn = _small_programs()[program]
+    profile = profile_for_planning(fn, (), {}, "python")
+    candidates = [v.index for v in profile.values]
+    assert 8 <= len(candidates) <= 16
+    plans = {}
+    for k in range(len(candidates) + 1):
+        for subset in itertools.combinations(candidates, k):
+            recompute = needed_values(profile, frozenset(subset))[0]
+            if recompute not in plans:
+                plans[recompute] = simulate(profile, recompute)
+    base = profile.baseline_peak
+    lowest = min(s.peak for s in plans.values())
+    assert lowest < 0.8 * base
+    checked = 0
+    for fraction in np.linspace(lowest / base, 1.0, 7):
+        budget = int(fraction * base)
+        optimum = min(s.cost for s in plans.values() if s.peak <= budget)
+        chosen, _, _, _ = solve(profile, budget, formulation)
+        if formulation == "mincut" and chosen is None:
+            continue   # min-cut plans are a subset: it may miss a tight budget
+        assert chosen is not None and chosen.peak <= budget
+        assert chosen.cost >= optimum - 1e-15   # (the exhaustive search saw it too)
+        if formulation == "knapsack":   # (min-cut minimizes bytes, not cost: compared only)
+            assert chosen.cost <= optimum * 1.10 + 1e-12, (fraction, chosen.cost, optimum)
+        checked += 1
+    assert checked >= (6 if formulation == "knapsack" else 2)
