@@ -4,7 +4,9 @@ backend uses -- and the nodes' ``meta``).
 
 What allocates, in the plan:
 - a prim's output, unless the prim is a view (its storage is its input's, which
-  then lives as long as any of its views);
+  then lives as long as any of its views) -- category recomputed for the prims a
+  memory plan put in to recompute a saved value (``autograd.recipe``), else
+  gradient;
 - an ``unpack_hook`` that reloads an offloaded value (category reloaded);
 - the first ``unpack_hook`` of a checkpointed segment, whichever saved value it
   reads (also a leaf's or a kept input's, which recomputation does not allocate):
@@ -138,7 +140,8 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
                     own(node, storage_of[base], 0, category.get(storage_of[base], "gradient"))
             else:
                 allocated = node.meta.get("nbytes") or 0
-                own(node, node, allocated, "gradient")
+                # (a memory plan's recomputation of a saved value: meta "recipe")
+                own(node, node, allocated, "recomputed" if "recipe" in node.meta else "gradient")
         elif node.op == "call_hook" and node.target == "unpack_hook":
             j = _packed_index(node)
             kind, group, *alias = packed_kinds[j] if j is not None and j < len(packed_kinds) \

@@ -33,7 +33,6 @@ from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.compiled.api import compiled_backward, trace_backward
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.profile import profile
-from compiled_autograd.memory.schedule import memory_schedule
 from runtime import memory as _rt
 from runtime.prims import PRIMS
 
