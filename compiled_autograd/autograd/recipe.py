@@ -23,6 +23,8 @@ import weakref
 
 import numpy as np
 
+from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
 from runtime import memory as _rt_memory
@@ -93,13 +95,12 @@ def unpack_recipe(recipe):
 
 
 class RecipeRecorder:
-    """Records every prim call of a forward as a recipe and saves the values that
-    ``recompute(index)`` says as recipes. A dispatch interceptor (it runs each
-    kernel) and a saved-tensor pack hook (kind "recipe"). ``on_call(index, prim,
-    arrays, params)`` sees each call first (a plan checks the sequence there);
-    ``on_made(index, result, arrays)`` sees each result."""
-
-    kind = "recipe"
+    """``with RecipeRecorder(recompute):`` records every prim call of a forward
+    and saves the values for which ``recompute(index)`` holds as their recipes.
+    It is a dispatch interceptor (it runs each kernel) and a saved-tensor pack hook
+    of kind "recipe". ``on_call(index, prim, arrays, params)`` sees each call
+    first (a plan checks the sequence there); ``on_made(index, result, arrays)``
+    sees each result."""
 
     def __init__(self, recompute, on_call=None, on_made=None):
         self.recompute = recompute
@@ -108,6 +109,7 @@ class RecipeRecorder:
         # id(array) -> (weakref to the array, its Recipe or None, index)
         self._made: dict = {}
         self._pending = None
+        self._hooks = None
 
     # ---------------------------------------------------- the dispatch interceptor
 
@@ -153,10 +155,27 @@ class RecipeRecorder:
         entry = self._made.get(id(array))
         return entry[2] if entry is not None and entry[0]() is array else None
 
-    def hooks(self):
-        """The (pack, unpack, kind) triple for the saved-tensor hook stack."""
-        return (self.recipe_of, unpack_recipe, self.kind)
+    # ---------------------------------------------------- installing it
 
-    def clear(self) -> None:
-        self._made.clear()
+    def __enter__(self):
+        """Record the prim calls and save values as ``pack(tensor)`` says (by
+        default ``recipe_of``: a Recipe, or None to save the tensor itself)."""
+        self._hooks = _RecipeHooks(self.pack, unpack_recipe)
+        self._hooks.__enter__()
+        dispatch.push_interceptor(self)
+        return self
+
+    def __exit__(self, *exc):
+        dispatch.pop_interceptor(self)
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+        self._made.clear()   # (the recipes the saved values hold stay theirs)
         self._pending = None
+        return False
+
+    def pack(self, tensor):
+        return self.recipe_of(tensor)
+
+
+class _RecipeHooks(saved_tensors_hooks):
+    kind = "recipe"   # SavedVariable asks pack() per value: a Recipe, or None

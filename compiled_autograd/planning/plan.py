@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiled_autograd.autograd import dispatch
 from compiled_autograd.autograd.recipe import RecipeRecorder
-from compiled_autograd.planning.profile import _RecipeHooks, signature_of
+from compiled_autograd.planning.profile import signature_of
 
 
 def _fmt(n) -> str:
@@ -93,17 +92,13 @@ class MemoryPlan:
 
     def __enter__(self):
         recorder = RecipeRecorder(self._recompute.__contains__, self._check)
-        hooks = _RecipeHooks(recorder.recipe_of, recorder.hooks()[1])
-        hooks.__enter__()
-        dispatch.push_interceptor(recorder)
-        self._active.append((recorder, hooks))
+        recorder.__enter__()
+        self._active.append(recorder)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        recorder, hooks = self._active.pop()
-        dispatch.pop_interceptor(recorder)
-        hooks.__exit__(None, None, None)
-        recorder.clear()
+        recorder = self._active.pop()
+        recorder.__exit__(exc_type, exc, tb)
         expected = len(self.profile.signature)
         if exc_type is None and recorder.count != expected:
             raise RuntimeError(

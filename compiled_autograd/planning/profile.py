@@ -17,7 +17,8 @@ A plan keeps some values and recomputes the others: ``simulate`` derives its
 backward graph from the recorded one (kept values become graph inputs, dead
 recomputation is dropped) and plans its memory with ``memory_schedule``, the
 planner every backend's accounting is compared against. Gradients the profiling
-runs accumulate are put back as they were.
+runs accumulate are put back as they were, and so is the random number generator
+(each run starts from the state it had: dropout draws the same masks).
 """
 from __future__ import annotations
 
@@ -27,9 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd.random import get_rng_state, set_rng_state
 from compiled_autograd.autograd.recipe import RecipeRecorder
-from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.compiled.api import compiled_backward, trace_backward
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.profile import profile
@@ -195,30 +195,28 @@ def signature_of(prim, arrays) -> tuple:
     return (prim.name, tuple(a.shape if isinstance(a, np.ndarray) else None for a in arrays))
 
 
-class _RecipeHooks(saved_tensors_hooks):
-    kind = "recipe"
-
-
 def profile_for_planning(fn, args, kwargs, backend="python") -> PlanningProfile:
     start = time.perf_counter()
+    rng = get_rng_state()   # (each run draws the same numbers; then as if none ran)
+    try:
+        return _profile(fn, args, kwargs, backend, start, rng)
+    finally:
+        set_rng_state(rng)
+
+
+def _profile(fn, args, kwargs, backend, start, rng):
     _backward(_scalar_loss(fn, args, kwargs), backend)            # warm-up
+    set_rng_state(rng)
     with profile(tracemalloc_witness=False) as base:
         _backward(_scalar_loss(fn, args, kwargs), backend)
+    set_rng_state(rng)
     with profile(tracemalloc_witness=False):
         tracker = _rt._trackers[-1]
         rec = _Recording(tracker)
-        recorder = RecipeRecorder(lambda i: True, rec.on_call, rec.on_made)
-        rec.recorder = recorder
-
-        def pack(tensor):
-            return rec.pack(tensor)
-        dispatch.push_interceptor(recorder)
-        try:
-            with _RecipeHooks(pack, recorder.hooks()[1]):
-                loss = _scalar_loss(fn, args, kwargs)
-        finally:
-            dispatch.pop_interceptor(recorder)
-            recorder.clear()
+        recorder = rec.recorder = RecipeRecorder(lambda i: True, rec.on_call, rec.on_made)
+        recorder.pack = rec.pack   # (notes which values backward nodes saved)
+        with recorder:
+            loss = _scalar_loss(fn, args, kwargs)
         rec.done = True
         # (and the backward makes the root's gradient first, outside its graph)
         backward_start = tracker.live_bytes + loss._data.nbytes
