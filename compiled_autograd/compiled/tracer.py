@@ -104,6 +104,7 @@ class Tracer:
         self.constants: list = []   # arrays baked into this graph (lifted into inputs)
         self.source = None
         self.visits = 0             # autograd nodes visited so far
+        self.swaps = 0              # saved values swapped in as recipes so far
         self.user_code = 0          # > 0 while a custom Function's backward runs
         self._proxies: dict = {}
 
@@ -207,6 +208,10 @@ class Tracer:
         p = self._proxies.get(id(sv))
         if p is None and sv.packed_kind == "recipe":
             p = self._proxies[id(sv)] = self.recipe_proxy(sv.packed)
+            # (when and in what order saved values are swapped in: a memory
+            # planner derives other plans' graphs from this one)
+            self.swaps += 1
+            p.node.meta.setdefault("swapped", []).append((self.visits, self.swaps))
         elif p is None:
             where = self.collected.slot[id(sv)]
             (shape,) = self.sizes(sv, (sv.shape,))
@@ -246,7 +251,7 @@ class Tracer:
                 args.append(kept)
             else:
                 args.append(a)
-        source, self.source = self.source, f"recompute #{recipe.index}"
+        source, self.source = self.source, f"recompute_forward_{recipe.index}"
         try:
             p = self.call_prim(recipe.prim, args, recipe.params)
         finally:

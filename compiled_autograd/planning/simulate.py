@@ -18,10 +18,12 @@ bytes live when the backward starts, plus the kept storages until their last use
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.schedule import memory_schedule
+from runtime.prims import PRIMS
 
 
 @dataclass
@@ -71,7 +73,11 @@ def plan_graph(profile, recompute):
     new, node_of, kept_nodes = {}, {}, {}
 
     def copy(old, args):
-        node = graph.create_node(old.op, old.target, args, old.kwargs, name=old.name,
+        # (a prim node is named after its prim, as the tracer names it: the plan's
+        # graph and the traced one then give recomputed values the same names)
+        hint = old.target if old.op == "call_function" and old.target in PRIMS else \
+            re.sub(r"_\d+$", "", old.name)
+        node = graph.create_node(old.op, old.target, args, old.kwargs, name=hint,
                                  meta=old.meta)
         new[old] = node
         return node
@@ -94,27 +100,31 @@ def plan_graph(profile, recompute):
         node_of[index] = node
         return node
 
-    # A saved value (a recipe node that a node outside the recomputation reads) is
-    # swapped in when the visit of the autograd node that first reads it starts:
-    # it is emitted there, with what it needs that was not emitted before.
-    position = {node: i for i, node in enumerate(old_graph.nodes)}
+    # A saved value is swapped in when the autograd node that reads it starts
+    # (after its pre-hooks), in the order of its saved values: the recorded graph
+    # notes each swap (meta "swapped": (visit, sequence)); it is emitted there,
+    # with what it needs that was not emitted before.
+    swaps = sorted((visit, seq, node) for node in old_graph.nodes
+                   for visit, seq in node.meta.get("swapped", ()))
     swapped_at: dict = {}
+    for visit, _, node in swaps:
+        swapped_at.setdefault(visit, []).append(node)
     for old in old_graph.nodes:
         if "recipe" in old.meta:
-            readers = [u for u in old.users if "recipe" not in u.meta]
-            if readers:
-                visit = min(readers, key=position.__getitem__).meta["visit"]
-                swapped_at.setdefault(visit, []).append(old)
-    visit = None
-    for old in old_graph.nodes:
-        if old.meta.get("visit") != visit and "recipe" not in old.meta:
-            visit = old.meta.get("visit")
-            for saved in swapped_at.pop(visit, ()):
-                arg(saved)
-        if old in new or "recipe" in old.meta:
             continue
-        copy(old, tuple(arg(a) for a in old.args))
+        if old.meta.get("visit") in swapped_at and not _before_swaps(old):
+            for saved in swapped_at.pop(old.meta["visit"]):
+                arg(saved)
+        if old not in new:
+            copy(old, tuple(arg(a) for a in old.args))
     return graph, node_of, kept_nodes
+
+
+def _before_swaps(node) -> bool:
+    """A node of an autograd node's visit that comes before its saved values are
+    swapped in: a pre-hook, or a read."""
+    return (node.op == "call_hook" and node.target in ("tensor_pre_hook", "pre_hook")) or \
+        (node.op == "call_function" and node.target == "getitem")
 
 
 def simulate(profile, recompute) -> Simulation:
