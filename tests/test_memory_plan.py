@@ -254,3 +254,14 @@ def test_dropout_masks_are_kept_and_planning_leaves_the_generator_as_it_was(back
         np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-5, atol=1e-5)
     else:
         assert np.array_equal(w.grad.numpy(), expected)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "python"])
+def test_on_eager_and_c_the_plan_is_measured_and_fits_the_budget(backend):
+    """The simulation is the "python" backend's schedule; the eager engine and
+    the C backend (its arena, its inputs held to the end) are measured."""
+    ex = build("transformer", **SMALL_TRANSFORMER)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.8, backend=backend)
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert _measured_peak(plan, ex, backend) == plan.measured_peak_bytes
+    assert f"measured {plan.measured_peak_bytes / 2**10:.2f} KiB on {backend!r}" in plan.table()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import numbers
 
 from compiled_autograd.planning.plan import MemoryPlan, Recomputed
-from compiled_autograd.planning.profile import profile_for_planning
+from compiled_autograd.planning.profile import measure_plan, profile_for_planning
 from compiled_autograd.planning.solve import FORMULATIONS, solve
 
 __all__ = ["plan_checkpoints", "MemoryPlan", "Recomputed", "FORMULATIONS"]
+
+VERIFY_ROUNDS = 4   # plans measured on the backend before giving up
 
 
 def _budget_bytes(budget, baseline) -> int:
@@ -37,8 +39,9 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     backward so that the peak of forward plus backward fits ``budget`` -- a float in
     (0, 1], a fraction of the peak without checkpointing as ``ca.memory.profile()``
     measures it around forward and backward on ``backend``, or an int, bytes -- at
-    the least recompute cost. ``fn`` returns a scalar loss; it is run three times
-    (leaves' ``.grad`` are left as they were). ``formulation``: "knapsack" or
+    the least recompute cost. ``fn`` returns a scalar loss; it is run five times
+    or more (three to profile, two to measure the plan on ``backend``; leaves'
+    ``.grad`` and the random generator are left as they were). ``formulation``: "knapsack" or
     "mincut" (see ``compiled_autograd.planning.solve``)."""
     if not callable(fn):
         raise TypeError(f"plan_checkpoints: fn must be callable, got {type(fn).__name__}")
@@ -48,13 +51,30 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     _budget_bytes(budget, 1)   # (its type and range, before any work)
     profile = profile_for_planning(fn, args, kwargs, backend)
     budget_bytes = _budget_bytes(budget, profile.baseline_peak)
-    chosen, seconds, smallest, planner = solve(profile, budget_bytes, formulation)
-    if chosen is None:
-        base = profile.baseline_peak
-        raise RuntimeError(
-            f"plan_checkpoints: no plan fits a budget of {budget_bytes:,} bytes "
-            f"({budget_bytes / base:.2f} of the peak without checkpointing, {base:,} bytes): "
-            f"the smallest peak a plan reaches is {smallest:,} bytes ({smallest / base:.2f}). "
-            "Use a budget of at least that, or make the forward smaller (a smaller batch).")
+    base = profile.baseline_peak
     candidates = sum(1 for v in profile.values if v.nbytes)
-    return MemoryPlan(profile, chosen, budget_bytes, budget, formulation, seconds, candidates)
+    # The simulation predicts the "python" backend's schedule to the byte; the
+    # eager engine and the C backend's arena hold memory their own way. So the
+    # plan is run once and measured on ``backend``: over the budget, it is
+    # planned again for a budget smaller by the excess.
+    target, seconds, measured = budget_bytes, 0.0, None
+    for _ in range(VERIFY_ROUNDS):
+        chosen, spent, smallest, _ = solve(profile, target, formulation)
+        seconds += spent
+        if chosen is None:
+            break
+        plan = MemoryPlan(profile, chosen, budget_bytes, budget, formulation, seconds,
+                          candidates)
+        plan.measured_peak_bytes = measured = measure_plan(plan, fn, args, kwargs, backend)
+        if measured <= budget_bytes:
+            return plan
+        target -= measured - budget_bytes
+    if measured is not None:
+        smallest = f"{measured:,} bytes ({measured / base:.2f}) measured on {backend!r}"
+    else:
+        smallest = f"{smallest:,} bytes ({smallest / base:.2f})"
+    raise RuntimeError(
+        f"plan_checkpoints: no plan fits a budget of {budget_bytes:,} bytes "
+        f"({budget_bytes / base:.2f} of the peak without checkpointing, {base:,} bytes): "
+        f"the smallest peak a plan reaches is {smallest}. Use a budget of at least that, "
+        "or make the forward smaller (a smaller batch).")

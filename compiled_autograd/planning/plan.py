@@ -58,6 +58,7 @@ class MemoryPlan:
                            for i in sorted(simulation.recompute)]
         self._recompute = frozenset(simulation.recompute)
         self._active = []
+        self.measured_peak_bytes = None   # set by plan_checkpoints (on its backend)
 
     @property
     def kept(self) -> list:
@@ -118,7 +119,10 @@ class MemoryPlan:
                 f"predicted peak {_fmt(self.predicted_peak_bytes)} "
                 f"({self.predicted_peak_bytes / base:.2f}); forward "
                 f"{_fmt(self.simulation.forward_peak)}, backward "
-                f"{_fmt(self.simulation.backward_peak)}",
+                f"{_fmt(self.simulation.backward_peak)}" + (
+                    "" if self.measured_peak_bytes is None else
+                    f"; measured {_fmt(self.measured_peak_bytes)} on "
+                    f"{self.profile.backend!r}"),
                 f"recomputes {len(self.recomputed)} of {self.candidates} candidate values: "
                 f"{self.recompute_flops:,} FLOPs (~{self.recompute_seconds * 1e3:.2f} ms at "
                 "the reference rates); keeps "

@@ -226,3 +226,21 @@ def _profile(fn, args, kwargs, backend, start, rng):
     return PlanningProfile(rec.values, rec.signature, base.peak_bytes, rec.live,
                            backward_start, traced.graph, traced.packed_kinds or [],
                            backend, time.perf_counter() - start, base, node_of)
+
+
+def measure_plan(plan, fn, args, kwargs, backend) -> int:
+    """The measured peak of forward plus backward under ``plan`` on ``backend``:
+    a warm run (the first compiles), every leaf's .grad None at the start (as
+    the plan assumes), then put back with the random generator."""
+    rng = get_rng_state()
+    try:
+        for _ in range(2):
+            set_rng_state(rng)
+            with profile(tracemalloc_witness=False) as prof:
+                with plan:
+                    loss = _scalar_loss(fn, args, kwargs)
+                _backward(loss, backend)
+                del loss
+        return prof.peak_bytes
+    finally:
+        set_rng_state(rng)

@@ -14,7 +14,10 @@ emitted where the autograd node that first reads it starts (its recomputation's
 prim nodes, with what they need that was not emitted before; a kept value is read
 from ``inputs`` instead) -- and planned with ``memory_schedule``
 (the one liveness analysis, ``Graph.last_uses``). To its live bytes come the
-bytes live when the backward starts, plus the kept storages until their last use.
+bytes live when the backward starts, plus the kept storages until their last use
+(on "c", until the end: it releases its inputs only at callbacks). That is the
+"python" backend's schedule, to the byte; the C backend's arena and the eager
+engine hold memory their own ways, so ``plan_checkpoints`` measures its plan.
 """
 from __future__ import annotations
 
@@ -153,9 +156,12 @@ def simulate(profile, recompute) -> Simulation:
                 s = values[index].storage
                 last[s] = max(last.get(s, -1), position[node])
     freed_after = {}
+    # (the C backend calls no Python where none is needed, so the arrays it was
+    # handed stay until it returns: kept values live through its backward)
+    frees_inputs = profile.backend != "c"
     for s, nbytes in storages.items():
         at = last.get(s)
-        if at is not None:
+        if at is not None and frees_inputs:
             freed_after[at] = freed_after.get(at, 0) + nbytes
     start = profile.backward_start + sum(storages.values())
     released, backward_peak = 0, start
