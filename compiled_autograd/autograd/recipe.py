@@ -130,30 +130,38 @@ class RecipeRecorder:
         if self.recompute(index):
             inputs = tuple(self._input(a, arr) for a, arr in zip(args, arrays))
             recipe = Recipe(prim, params, inputs, data.shape, data.dtype, index)
-        self._made[id(data)] = (weakref.ref(data), recipe, index)
+        counter = result._version_counter
+        self._made[id(data)] = (weakref.ref(data), recipe, index, counter, counter.value)
         if self.on_made is not None:
             self.on_made(index, result, arrays)
+
+    def _entry(self, array):
+        """What the recorder knows of ``array``, if the array is still the value a
+        prim call made: an in-place op since (on it or on a view of its storage:
+        one version counter) makes it a value no recipe describes."""
+        entry = self._made.get(id(array))
+        if entry is None or entry[0]() is not array or entry[3].value != entry[4]:
+            return None
+        return entry
 
     def _input(self, arg, array):
         if not isinstance(array, np.ndarray):
             return array  # a Python scalar: a constant of the call
-        entry = self._made.get(id(array))
-        if entry is not None and entry[0]() is array and entry[1] is not None:
+        entry = self._entry(array)
+        if entry is not None and entry[1] is not None:
             return entry[1]
         return Kept(array, arg._version_counter if isinstance(arg, TensorBase) else None)
 
     def recipe_of(self, tensor):
         """The recipe ``tensor`` is saved as, or None (it is saved as it is)."""
-        data = tensor._data
-        entry = self._made.get(id(data))
-        if entry is None or entry[0]() is not data:
-            return None
-        return entry[1]
+        entry = self._entry(tensor._data)
+        return None if entry is None else entry[1]
 
     def index_of(self, array):
-        """The prim call that made ``array``, or None."""
-        entry = self._made.get(id(array))
-        return entry[2] if entry is not None and entry[0]() is array else None
+        """The prim call that made ``array`` (None: it came from elsewhere, or was
+        modified in place since)."""
+        entry = self._entry(array)
+        return None if entry is None else entry[2]
 
     # ---------------------------------------------------- installing it
 
