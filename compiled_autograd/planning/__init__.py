@@ -38,7 +38,8 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     """Plan which values of ``fn(*args, **kwargs)``'s forward to recompute in the
     backward so that the peak of forward plus backward fits ``budget`` -- a float in
     (0, 1], a fraction of the peak without checkpointing as ``ca.memory.profile()``
-    measures it around forward and backward on ``backend``, or an int, bytes -- at
+    measures it around forward and backward on ``backend`` (a compiled backend's
+    name or compiler, or None: the eager engine), or an int, bytes -- at
     the least recompute cost. ``fn`` returns a scalar loss; it is run five times
     or more (three to profile, two to measure the plan on ``backend``; leaves'
     ``.grad`` and the random generator are left as they were). ``formulation``: "knapsack" or

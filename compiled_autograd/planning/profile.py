@@ -106,13 +106,14 @@ def _leaves(loss):
 
 
 def _backward(loss, backend):
-    """``loss.backward()`` on ``backend``, leaving every leaf's .grad as it was."""
+    """``loss.backward()`` on ``backend`` (None: the eager engine), leaving every
+    leaf's .grad as it was."""
     leaves = _leaves(loss)
     before = [leaf.grad for leaf in leaves]
     for leaf in leaves:
         leaf.grad = None
     try:
-        if backend == "eager":
+        if backend is None:
             loss.backward()
         else:
             with compiled_backward(backend=backend):

@@ -17,7 +17,8 @@ from ``inputs`` instead) -- and planned with ``memory_schedule``
 bytes live when the backward starts, plus the kept storages until their last use
 (on "c", until the end: it releases its inputs only at callbacks). That is the
 "python" backend's schedule, to the byte; the C backend's arena and the eager
-engine hold memory their own ways, so ``plan_checkpoints`` measures its plan.
+engine (backend None) hold memory their own ways, so ``plan_checkpoints``
+measures its plan.
 """
 from __future__ import annotations
 
