@@ -87,7 +87,7 @@ def test_predicted_peak_is_the_measured_peak_and_fits_the_budget(name, sizes):
         try:
             plan = ca.memory.plan_checkpoints(ex.loss, budget=budget)
         except RuntimeError as e:
-            assert "the smallest peak a plan reaches is" in str(e)
+            assert "the smallest peak the planner reaches is" in str(e)
             continue
         reached += 1
         measured = _measured_peak(plan, ex)
@@ -177,7 +177,7 @@ def test_budget_errors():
     with pytest.raises(ValueError, match="must be positive"):
         ca.memory.plan_checkpoints(ex.loss, budget=0)
     with pytest.raises(RuntimeError, match=r"no plan fits a budget of 10 bytes \(0.01 of the "
-                                           r"peak .*the smallest peak a plan reaches is"):
+                                           r"peak .*the smallest peak the planner reaches is"):
         ca.memory.plan_checkpoints(ex.loss, budget=10)
     with pytest.raises(RuntimeError, match="fn must return a scalar loss"):
         ca.memory.plan_checkpoints(lambda: ca.ones(3), budget=0.5)

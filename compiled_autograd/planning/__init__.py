@@ -77,5 +77,5 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     raise RuntimeError(
         f"plan_checkpoints: no plan fits a budget of {budget_bytes:,} bytes "
         f"({budget_bytes / base:.2f} of the peak without checkpointing, {base:,} bytes): "
-        f"the smallest peak a plan reaches is {smallest}. Use a budget of at least that, "
+        f"the smallest peak the planner reaches is {smallest}. Use a budget of at least that, "
         "or make the forward smaller (a smaller batch).")
