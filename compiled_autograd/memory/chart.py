@@ -220,6 +220,9 @@ def _hover(events, series, keep, X, top, plot_h, steps, alignment):
         x1 = (X(i) + X(keep[j + 1])) / 2 if j + 1 < len(keep) else X(i) + 2
         action = _get(e, "action")
         what = {"alloc": "allocated", "free": "freed", "retag": "re-tagged"}.get(action, action)
+        recipe = getattr(steps[owner], "recipe", None) if owner is not None else None
+        if recipe is not None:   # a memory plan's recomputation
+            node = f"{node} (recomputes forward prim #{recipe}: memory plan)"
         lines = [f"event {i} (kernel call {_get(e, 'step')}): {what} "
                  f"{format_bytes(_get(e, 'bytes'))} ({int(_get(e, 'bytes')):,} bytes), "
                  f"category {_get(e, 'category')}",

@@ -33,7 +33,7 @@ import pickle
 import tempfile
 from pathlib import Path
 
-from compiled_autograd.memory.align import align, live_at, made_by, without_marks
+from compiled_autograd.memory.align import Alignment, align, live_at, made_by, without_marks
 # The chart's numbers (and the series helpers, re-exported here as they were).
 from compiled_autograd.memory.chart import (COLORS, _activity_markers, _downsample,  # noqa: F401
                                             _get, _has, _own_maxima, _peak_index, chart,
@@ -70,13 +70,37 @@ def _category_rows(series, peak_index):
 LARGEST_TITLE = "largest values live at the peak"
 
 
-def _prepare(events, planned):
-    """(events without marks, the plan's steps or None, their alignment or None)."""
+RECOMPUTED_TITLE = "recomputed by the memory plan"
+
+
+def _prepare(events, planned, planned_start=0):
+    """(events without marks, the plan's steps or None, their alignment or None).
+    The plan is placed on the events from ``planned_start`` on (those before it,
+    a forward, are not the plan's graph nodes)."""
     events = list(events)
     steps = None if planned is None else list(getattr(planned, "steps", planned))
-    alignment = align(steps, events) if steps else None
+    alignment = None
+    if steps:
+        start = max(0, min(int(planned_start), len(events)))
+        alignment = align(steps, events[start:])
+        if start:
+            alignment = Alignment([x + start for x in alignment.x], alignment.matched,
+                                  [None] * start + alignment.node_of_event, alignment.method)
     events, alignment = without_marks(events, alignment)
     return events, steps, alignment
+
+
+def _recomputed_rows(recomputed, steps=None, alignment=None) -> list:
+    """The values a memory plan recomputes (``plan.recomputed``: objects or dicts
+    with node, index, prim, shape, bytes, flops), each with the event its graph
+    node's allocation was placed at (None: not placed)."""
+    placed = {}
+    if steps and alignment is not None:
+        placed = {s.node: int(x) for s, x, m in zip(steps, alignment.x, alignment.matched) if m}
+    return [{"node": str(_get(r, "node")), "index": int(_get(r, "index")),
+             "prim": str(_get(r, "prim")), "shape": [int(d) for d in _get(r, "shape")],
+             "bytes": int(_get(r, "bytes")), "flops": int(_get(r, "flops")),
+             "event": placed.get(str(_get(r, "node")))} for r in recomputed or ()]
 
 
 def _made_by(row) -> str:
@@ -87,11 +111,12 @@ def _made_by(row) -> str:
     return (f"{row['autograd_node']}, " if row["autograd_node"] else "") + f"op {row['op']}"
 
 
-def largest_live(events, planned=None, k=10) -> list:
+def largest_live(events, planned=None, k=10, planned_start=0) -> list:
     """The ``k`` largest storages live at the measured peak (``LARGEST_TITLE``), each
     ``{bytes, category, graph_node, autograd_node, op, made_by}``; with ``planned``
-    (a ``MemorySchedule``) the graph node that made each one is known."""
-    events, steps, alignment = _prepare(events, planned)
+    (a ``MemorySchedule``, placed from event ``planned_start`` on) the graph node
+    that made each one is known."""
+    events, steps, alignment = _prepare(events, planned, planned_start)
     series = live_series(events)
     if not series:
         return []
@@ -114,13 +139,15 @@ def _peak_row(events, series, pi, steps, alignment):
 
 
 def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=None,
-                run=None, notes=()) -> str:
+                run=None, notes=(), recomputed=None, planned_start=0) -> str:
     """A self-contained HTML page: which run (``run``), summary table, stacked SVG
     chart of live bytes by category over the events (peak, recompute/reload
     markers, the plan ``planned`` -- a ``MemorySchedule`` -- placed on the same
-    events, a tooltip per event), what the words mean, bytes by category and the
-    largest values live at the peak. ``notes``: lines shown under the summary."""
-    events, steps, alignment = _prepare(events, planned)
+    events from event ``planned_start`` on, a tooltip per event), what the words
+    mean, bytes by category and the largest values live at the peak. ``notes``:
+    lines shown under the summary. ``recomputed``: the values a memory plan
+    recomputes (``plan.recomputed``), listed under ``RECOMPUTED_TITLE``."""
+    events, steps, alignment = _prepare(events, planned, planned_start)
     series = live_series(events)
     pi = _peak_index(series)
     peak_series = series[pi]["total"] if series else 0
@@ -148,15 +175,20 @@ def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=No
         title=str(title), summary=rows, chart=chart(events, series, steps, alignment),
         categories=_category_rows(series, pi), largest=largest, largest_title=LARGEST_TITLE,
         colors=COLORS, notes=[str(n) for n in notes], planned=bool(steps),
-        recompute=any(s.event == "recompute" for s in steps or ()))
+        recompute=any(s.event == "recompute" for s in steps or ()),
+        planned_start=int(planned_start) if steps else 0,
+        recomputed=_recomputed_rows(recomputed, steps, alignment) if recomputed else None,
+        recomputed_title=RECOMPUTED_TITLE)
 
 
 # ---------------------------------------------------------------- text, JSON
 
-def render_text(events, *, title, peak_bytes=None, planned=None, run=None, notes=()) -> str:
+def render_text(events, *, title, peak_bytes=None, planned=None, run=None, notes=(),
+                recomputed=None, planned_start=0) -> str:
     """Plain text: title, the run, peak, bytes by category (at the peak and own
-    maximum) and the largest values live at the peak (as the HTML page)."""
-    events, steps, alignment = _prepare(events, planned)
+    maximum), the largest values live at the peak and what a memory plan
+    recomputes (as the HTML page)."""
+    events, steps, alignment = _prepare(events, planned, planned_start)
     series = live_series(events)
     pi = _peak_index(series)
     peak = peak_bytes if peak_bytes is not None else (series[pi]["total"] if series else 0)
@@ -176,6 +208,15 @@ def render_text(events, *, title, peak_bytes=None, planned=None, run=None, notes
     lines += ["", LARGEST_TITLE, f"{'bytes':>14}  {'category':<12} made by"]
     for a in (live_at(events, pi, steps, alignment) if series else []):
         lines.append(f"{a['bytes']:>14,}  {a['category']:<12} {_made_by(a)}")
+    if recomputed:
+        lines += ["", f"{RECOMPUTED_TITLE} ({len(recomputed)} values, each by a prim node of "
+                      "the backward graph; event: where its allocation is)",
+                  f"{'graph node':<22} {'forward prim':<20} {'shape':<18} {'bytes':>12} "
+                  f"{'FLOPs':>14}  event"]
+        for r in _recomputed_rows(recomputed, steps, alignment):
+            lines.append(f"{r['node'][:22]:<22} {'#%d %s' % (r['index'], r['prim']):<20} "
+                         f"{str(r['shape']):<18} {r['bytes']:>12,} {r['flops']:>14,}  "
+                         f"{'-' if r['event'] is None else r['event']}")
     return "\n".join(lines) + "\n"
 
 
@@ -277,6 +318,10 @@ def write_report(events, path, **kw) -> None:
         text = render_text(events, **kw)
     elif suffix == ".json":
         kw.pop("planned", None)         # the plan is not part of the events
+        kw.pop("planned_start", None)
+        if kw.get("recomputed") is not None:
+            kw["recomputed"] = [{k: v for k, v in r.items() if k != "event"}
+                                for r in _recomputed_rows(kw["recomputed"])]
         if "notes" in kw:
             kw["notes"] = [str(n) for n in kw["notes"]]
         text = render_json(events, **kw)
