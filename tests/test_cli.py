@@ -195,6 +195,9 @@ def test_memory_budget_plans_measures_and_marks_the_report(tmp_path):
     assert "(recomputes forward prim #" in html
     assert ">recomputed</text>" in html
     assert f"{measured:,} bytes), equal to the prediction" in html
+    # the plan (its backward, plus what the forward left live) is drawn on the backward's events
+    assert "by matching each graph node&#39;s allocation" in html
+    assert "The events before event" in html
 
 
 def test_memory_budget_in_bytes_and_text_and_json_reports(tmp_path):
