@@ -322,8 +322,14 @@ def _memory_plan(args, model, out):
     backward = "eager autograd" if args.backend == "eager" else f"compiled, backend {args.backend}"
     for measured in (False, True):  # the first run compiles the plan's backward
         with ca.memory.profile() if measured else nullcontext() as prof:
-            with plan:
-                loss = model.loss()
+            try:
+                with plan:
+                    loss = model.loss()
+            except RuntimeError as exc:   # model() made another forward than the profiled one
+                if not str(exc).startswith("memory plan:"):
+                    raise
+                raise UsageError(f"{exc} (model() must build the same computation on "
+                                 f"every call)") from None
             leaves = _leaves(loss)
             forward_events = len(prof.timeline) if measured else 0
             _backward(loss, args.backend)

@@ -230,6 +230,33 @@ def test_memory_budget_on_a_script(tmp_path):
     assert code == 0 and predicted == measured and f"model: script {script}" in text
 
 
+def test_memory_budget_refuses_a_model_whose_forward_changes(tmp_path, capsys):
+    script = tmp_path / "changing.py"
+    script.write_text(
+        "import compiled_autograd as ca\n"
+        "w = ca.randn(4, 4, requires_grad=True)\n"
+        "calls = [0]\n"
+        "x = ca.randn(3, 4)\n"
+        "def model():\n"
+        "    calls[0] += 1   # the planner profiles three calls; the fourth differs\n"
+        "    h = (x @ w).tanh()\n"
+        "    if calls[0] == 4:\n"
+        "        h = h * 2      # a prim call the profiled forward did not make\n"
+        "    if calls[0] == 5:\n"
+        "        return h.sum()  # one prim call fewer: refused when the forward ends\n"
+        "    return h.sum() * 2\n")
+    for call in (4, 5):
+        path = tmp_path / "r.html"
+        assert main(["memory", "--script", str(script), "--budget", "1.0", "--report",
+                     str(path)], out=lambda s: None) == 2
+        err = capsys.readouterr().err.strip()
+        assert "memory plan: this forward is not the one the plan was made for" in err
+        assert err.startswith("compiled-autograd: error: ")
+        assert err.count("\n") == 0 and not path.exists()
+        script.write_text(script.read_text().replace("calls[0] == 4", "calls[0] == 0")
+                          .replace("calls[0] == 5", "calls[0] == 4"))
+
+
 @pytest.mark.parametrize("args,message", [
     (["--budget", "0"], "argument --budget: a budget in bytes must be positive"),
     (["--budget", "1.5"], "argument --budget: a fraction of the peak must be in (0, 1]"),
