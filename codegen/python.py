@@ -10,6 +10,9 @@ with ``linecache``, so a traceback shows the generated line.
 
 Two functions share one code object: one calling the kernels directly, one calling
 them through ``run_kernel`` so that ``ca.memory.profile()`` sees every allocation.
+A memory plan's recomputation (a prim node with meta ``recipe``) calls its kernel
+as ``_r_<prim>``: the same kernel in the first, accounted as category
+"recomputed" in the second (the compiled run accounts the rest as "gradient").
 """
 from __future__ import annotations
 
@@ -104,7 +107,10 @@ class _Source:
             return dict(base, kind="item", container=container.name, index=int(index))
         if node.target not in PRIMS:
             raise RuntimeError(f"python codegen: unknown target {node.target!r}")
+        # A memory plan's recomputation of a saved value (meta "recipe") calls its
+        # kernel as ``_r_<prim>``: the same kernel, accounted as "recomputed".
         return dict(base, kind="prim", target=node.target,
+                    kernel="_r_" if "recipe" in node.meta else "_k_",
                     args=[self.value(a) for a in node.args],
                     kwargs=[(k, self.value(v)) for k, v in node.kwargs.items()])
 
@@ -126,6 +132,11 @@ def _accounted(prim, *args, **params):
     return run_kernel(prim, args, params)
 
 
+def _accounted_recomputed(prim, *args, **params):
+    with memory.category("recomputed"):
+        return run_kernel(prim, args, params)
+
+
 class PythonBackward:
     """The compiled function: ``(inputs, sizes, scalars, hooks, packed_data)``."""
 
@@ -133,7 +144,7 @@ class PythonBackward:
         self.code, constants = generate(graph)
         fast = dict(constants)
         for name, prim in PRIMS.items():
-            fast[f"_k_{name}"] = prim.kernel
+            fast[f"_k_{name}"] = fast[f"_r_{name}"] = prim.kernel
         for kind, fn in CALL_HOOK.items():
             fast[f"_h_{kind}"] = fn
         self.filename, fast = load_python(self.code, fast)
@@ -141,6 +152,7 @@ class PythonBackward:
         accounted = dict(fast)
         for name, prim in PRIMS.items():
             accounted[f"_k_{name}"] = partial(_accounted, prim)
+            accounted[f"_r_{name}"] = partial(_accounted_recomputed, prim)
         self.accounted = types.FunctionType(self.fast.__code__, accounted, "compiled_backward")
 
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):

@@ -3,14 +3,18 @@
 A model is a bundled example (``--example mlp|transformer`` with sizes,
 ``--checkpoint``, ``--offload``) or a user script (``--script model.py`` defining
 ``model()`` that returns a scalar loss). Bad input gives one line and exit code 2.
+``memory --budget B`` plans what to recompute (``ca.memory.plan_checkpoints``) and
+measures forward and backward under the plan.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import re
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -228,9 +232,17 @@ def _check_report_path(path):
 
 
 def cmd_memory(args, out):
+    if args.budget is not None:
+        mixed = [flag for flag, on in (("--checkpoint", args.checkpoint),
+                                       ("--offload", args.offload)) if on]
+        if mixed:
+            raise UsageError(f"--budget cannot be combined with {' or '.join(mixed)}: the "
+                             f"memory plan chooses what to recompute itself")
     if args.report:
         _check_report_path(args.report)
     model = load_model(args)
+    if args.budget is not None:
+        return _memory_plan(args, model, out)
     rows, profiles = [], {}
     for label, unpack in (("eager autograd", None), ("compiled, progressive", "progressive"),
                           ("compiled, upfront", "upfront")):
@@ -288,6 +300,101 @@ def cmd_memory(args, out):
     return 0
 
 
+def _backward(loss, backend):
+    """As ``plan_checkpoints`` runs it: "eager" is the eager engine."""
+    if backend == "eager":
+        loss.backward()
+    else:
+        with ca.compiled_backward(backend=backend):
+            loss.backward()
+
+
+def _memory_plan(args, model, out):
+    """``memory --budget``: plan with ``ca.memory.plan_checkpoints``, then measure a
+    warm forward and backward under the plan, every .grad None at the start (what
+    the prediction assumes)."""
+    engine = None if args.backend == "eager" else args.backend   # (the eager engine: None)
+    try:
+        plan = ca.memory.plan_checkpoints(model.loss, budget=args.budget, backend=engine)
+    except RuntimeError as exc:   # no plan fits the budget; model() changed its forward
+        if str(exc).startswith("memory plan:"):   # (plan_checkpoints runs its plan once)
+            raise UsageError(f"{exc} (model() must build the same computation on "
+                             f"every call)") from None
+        if not str(exc).startswith("plan_checkpoints:"):
+            raise
+        raise UsageError(str(exc)) from None
+    backward = "eager autograd" if args.backend == "eager" else f"compiled, backend {args.backend}"
+    for measured in (False, True):  # the first run compiles the plan's backward
+        with ca.memory.profile() if measured else nullcontext() as prof:
+            try:
+                with plan:
+                    loss = model.loss()
+            except RuntimeError as exc:   # model() made another forward than the profiled one
+                if not str(exc).startswith("memory plan:"):
+                    raise
+                raise UsageError(f"{exc} (model() must build the same computation on "
+                                 f"every call)") from None
+            leaves = _leaves(loss)
+            forward_events = len(prof.timeline) if measured else 0
+            _backward(loss, args.backend)
+            del loss
+        for leaf in leaves:
+            leaf.grad = None        # (so the measured run starts with every .grad None)
+    predicted, peak = plan.predicted_peak_bytes, prof.peak_bytes
+    out(f"model: {model.description}")
+    out(f"memory plan for --budget {args.budget}, backward {backward}; peaks of forward + "
+        f"backward (bytes allocated inside them, as ca.memory.profile() counts)")
+    out(plan.table())
+    out("")
+    out(f"{'':<30}{'peak':>13}{'bytes':>16}")
+    for label, nbytes in (("no plan (profiled)", plan.baseline_peak_bytes),
+                          ("budget", plan.budget_bytes),
+                          ("under the plan, predicted", predicted),
+                          ("under the plan, measured", peak)):
+        out(f"{label:<30}{_mb(nbytes):>13}{nbytes:>16,}")
+    out(f"{'(tracemalloc, measured run)':<30}{_mb(prof.tracemalloc_peak_bytes):>13}"
+        f"{prof.tracemalloc_peak_bytes:>16,}")
+    if peak == predicted:
+        out(f"predicted == measured: {peak:,} bytes, to the byte "
+            f"({peak / plan.baseline_peak_bytes:.2f} of the peak without a plan)")
+    else:
+        diff = peak - predicted
+        out(f"predicted != measured: the measured peak is {abs(diff):,} bytes "
+            f"({abs(diff) / predicted:.1%}) {'above' if diff > 0 else 'below'} the prediction"
+            + ("" if args.backend == "python" else
+               f" (the prediction simulates the backward graph as the python backend runs "
+               f"it; {backward} allocates otherwise)"))
+    at_peak = [(c, b) for c, b in prof.peak_by_category.items() if b]
+    out("measured at the peak: " + ", ".join(f"{c} {_mb(b).strip()}" for c, b in at_peak))
+    schedule = plan.simulation.whole_schedule()
+    out(f"{LARGEST_TITLE}:")
+    for v in largest_live(prof.timeline, schedule, k=5, planned_start=forward_events):
+        out(f"  {v['bytes']:>12,} bytes  {v['category']:<11} {v['made_by']}")
+    if args.report:
+        notes = []
+        if args.backend == "c":
+            notes.append("Backend c computes the recomputed values in its arena (one storage, "
+                         "category temporary): the chart cannot show them one by one.")
+        write_report(prof.timeline, args.report,
+                     title=f"Forward and backward under a memory plan: {model.description}",
+                     peak_bytes=peak, planned=schedule, planned_start=forward_events,
+                     recomputed=plan.recomputed, notes=notes,
+                     run=f"forward under the memory plan (--budget {args.budget}), then its "
+                         f"backward, {backward}; a warm run (the backward was captured and "
+                         f"compiled before the profile), every .grad None at the start",
+                     summary_rows=[
+                         ("no plan (profiled)", f"{_mb(plan.baseline_peak_bytes).strip()}"),
+                         ("budget", f"{_mb(plan.budget_bytes).strip()} "
+                                    f"({plan.budget_bytes:,} bytes)"),
+                         ("predicted peak", f"{_mb(predicted).strip()} ({predicted:,} bytes)"),
+                         ("measured peak", f"{_mb(peak).strip()} ({peak:,} bytes)"
+                          + (", equal to the prediction" if peak == predicted else "")),
+                         ("recomputed by the plan",
+                          f"{len(plan.recomputed)} values, {plan.recompute_flops:,} FLOPs")])
+        out(f"report written to {args.report} (the measured run under the plan)")
+    return 0
+
+
 def cmd_demo(args, out):
     if args.steps < 0 or args.checks < 1:
         raise UsageError("--steps must be >= 0 and --checks >= 1")
@@ -308,6 +415,25 @@ def _model_args(p):
     g.add_argument("--checkpoint", action="store_true", help="checkpoint every layer")
     g.add_argument("--offload", action="store_true", help="save activations to disk")
     p.add_argument("--unpack", choices=["progressive", "upfront"], default="progressive")
+
+
+def _budget(text):
+    """``--budget``: a fraction in (0, 1] (0.4, 1.0) or an integer number of bytes."""
+    text = text.strip()
+    if re.fullmatch(r"[+-]?\d[\d_]*", text):
+        if int(text) <= 0:
+            raise argparse.ArgumentTypeError(f"a budget in bytes must be positive, got {text}")
+        return int(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction in (0, 1] such as 0.4, or an integer number of bytes, "
+            f"got {text!r}") from None
+    if not 0 < value <= 1:    # (also nan)
+        raise argparse.ArgumentTypeError(
+            f"a fraction of the peak must be in (0, 1], got {text} (bytes: an integer)")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -333,6 +459,10 @@ def parser():
     _model_args(memory)
     memory.add_argument("--backend", default="python", choices=["python", "eager", "c"])
     memory.add_argument("--report", help="write a report: .html, .txt or .json")
+    memory.add_argument("--budget", type=_budget,
+                        help="plan what to recompute so that forward + backward fits: a "
+                             "fraction of the peak without a plan in (0, 1], such as 0.4, or "
+                             "an integer number of bytes")
     return top
 
 

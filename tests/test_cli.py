@@ -155,3 +155,142 @@ def test_docs_script_example_runs():
     assert script.read_text().strip() in (root / "docs" / "usage.md").read_text()
     code, text = run_cli(["memory", "--script", str(script)])
     assert code == 0 and "largest values live at the peak" in text
+
+
+# ---------------------------------------------------------------- memory --budget
+
+TINY = ["--example", "transformer", "--layers", "2", "--d-model", "32", "--heads", "2",
+        "--seq", "16", "--batch", "4", "--vocab", "50"]
+
+
+def _peaks(text):
+    """The predicted and the measured peak, in bytes, as printed."""
+    found = {}
+    for line in text.splitlines():
+        for label in ("predicted", "measured"):
+            if line.startswith(f"under the plan, {label}"):
+                found[label] = int(line.split()[-1].replace(",", ""))
+    return found["predicted"], found["measured"]
+
+
+def test_memory_budget_plans_measures_and_marks_the_report(tmp_path):
+    from compiled_autograd.memory.report import RECOMPUTED_TITLE
+    path = tmp_path / "plan.html"
+    code, text = run_cli(["memory", *TINY, "--budget", "0.7", "--report", str(path)])
+    assert code == 0
+    assert "memory plan (knapsack): budget" in text and "backward graph node" in text
+    predicted, measured = _peaks(text)
+    assert predicted == measured and f"predicted == measured: {measured:,} bytes" in text
+    # the plan's rows: forward # | prim | shape | bytes | FLOPs | backward graph node
+    table = text.split("backward graph node", 1)[1].split("\n\n", 1)[0].strip().splitlines()
+    nodes = [row.split()[-1] for row in table]
+    assert nodes and f"report written to {path}" in text
+    html = path.read_text()
+    section = html.split(RECOMPUTED_TITLE[:1].upper() + RECOMPUTED_TITLE[1:], 1)[1]
+    assert f"({len(nodes)} values)" in section.splitlines()[0]
+    assert all(f"<td>{node}</td>" in section for node in nodes)
+    # the measured run's recomputations are category "recomputed", in the hover titles
+    # (with the graph node that made them) and in the legend
+    assert "category recomputed\ngraph node: " in html
+    assert "(recomputes forward prim #" in html
+    assert ">recomputed</text>" in html
+    assert f"{measured:,} bytes), equal to the prediction" in html
+    # the plan (its backward, plus what the forward left live) is drawn on the backward's events
+    assert "by matching each graph node&#39;s allocation" in html
+    assert "The events before event" in html
+
+
+def test_memory_budget_in_bytes_and_text_and_json_reports(tmp_path):
+    code, text = run_cli(["memory", *TINY, "--budget", "300000", "--report",
+                          str(tmp_path / "plan.txt")])
+    assert code == 0 and "memory plan (knapsack): budget 292.97 KiB" in text
+    predicted, measured = _peaks(text)
+    assert predicted == measured <= 300000
+    report = (tmp_path / "plan.txt").read_text()
+    assert "recomputed by the memory plan (" in report
+    code, _ = run_cli(["memory", *TINY, "--budget", "300000", "--report",
+                       str(tmp_path / "plan.json")])
+    meta = json.loads((tmp_path / "plan.json").read_text())["meta"]
+    assert code == 0 and meta["recomputed"] and {"node", "index", "prim", "shape", "bytes",
+                                                 "flops"} == set(meta["recomputed"][0])
+
+
+def test_memory_budget_on_a_script(tmp_path):
+    script = tmp_path / "model.py"
+    script.write_text(
+        "import compiled_autograd as ca\n"
+        "ca.manual_seed(0)\n"
+        "w = ca.randn(16, 64, requires_grad=True)\n"
+        "v = ca.randn(64, 8, requires_grad=True)\n"
+        "x = ca.randn(32, 16)\n"
+        "def model():\n"
+        "    return ((x @ w).gelu().exp() @ v).tanh().sum()\n")
+    code, text = run_cli(["memory", "--script", str(script), "--budget", "0.9"])
+    predicted, measured = _peaks(text)
+    assert code == 0 and predicted == measured and f"model: script {script}" in text
+
+
+def test_memory_budget_refuses_a_model_whose_forward_changes(tmp_path, capsys):
+    script = tmp_path / "changing.py"
+    script.write_text(
+        "import compiled_autograd as ca\n"
+        "w = ca.randn(4, 4, requires_grad=True)\n"
+        "calls = [0]\n"
+        "x = ca.randn(3, 4)\n"
+        "def model():\n"
+        "    calls[0] += 1   # the planner profiles three calls; the fourth differs\n"
+        "    h = (x @ w).tanh()\n"
+        "    if calls[0] == 4:\n"
+        "        h = h * 2      # a prim call the profiled forward did not make\n"
+        "    if calls[0] == 5:\n"
+        "        return h.sum()  # one prim call fewer: refused when the forward ends\n"
+        "    return h.sum() * 2\n")
+    for call in (4, 5):
+        path = tmp_path / "r.html"
+        assert main(["memory", "--script", str(script), "--budget", "1.0", "--report",
+                     str(path)], out=lambda s: None) == 2
+        err = capsys.readouterr().err.strip()
+        assert "memory plan: this forward is not the one the plan was made for" in err
+        assert err.startswith("compiled-autograd: error: ")
+        assert err.count("\n") == 0 and not path.exists()
+        script.write_text(script.read_text().replace("calls[0] == 4", "calls[0] == 0")
+                          .replace("calls[0] == 5", "calls[0] == 4"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--budget", "0"], "argument --budget: a budget in bytes must be positive"),
+    (["--budget", "1.5"], "argument --budget: a fraction of the peak must be in (0, 1]"),
+    (["--budget", "half"], "argument --budget: expected a fraction in (0, 1]"),
+    (["--budget", "0.5", "--checkpoint"], "--budget cannot be combined with --checkpoint"),
+    (["--budget", "0.5", "--offload"], "--budget cannot be combined with --offload"),
+])
+def test_memory_budget_refusals_come_before_any_work(args, message, tmp_path, capsys,
+                                                     monkeypatch):
+    import compiled_autograd.cli as cli
+    monkeypatch.setattr(cli, "load_model", lambda args: pytest.fail("worked first"))
+    path = tmp_path / "r.html"
+    assert main(["memory", *SMALL, *args, "--report", str(path)], out=lambda s: None) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("compiled-autograd: error: ") and message in err
+    assert err.count("\n") == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_memory_budget_out_of_reach_exits_2_and_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "r.html"
+    lines = []
+    assert main(["memory", *SMALL, "--budget", "0.5", "--report", str(path)],
+                out=lines.append) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("compiled-autograd: error: plan_checkpoints: no plan fits a budget")
+    assert "the smallest peak a plan reaches is" in err and err.count("\n") == 0
+    assert lines == [] and list(tmp_path.iterdir()) == []
+
+
+def test_memory_budget_refusal_from_the_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "compiled_autograd", "memory", *SMALL,
+                           "--budget", "0.5", "--offload"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("compiled-autograd: error: --budget cannot be combined "
+                                   "with --offload: the memory plan chooses what to "
+                                   "recompute itself")

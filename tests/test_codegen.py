@@ -2,6 +2,7 @@
 user string in the code, generated code cached with its graph."""
 import os
 import traceback
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -102,3 +103,29 @@ def test_dynamic_sizes_in_generated_code():
     (fam,) = ca.compiled.cache.families.values()
     code = fam.entries[-1][2].fn.code
     assert "sizes[" in code
+
+
+def test_a_memory_plans_recomputation_is_accounted_as_recomputed():
+    """Prim nodes that recompute a saved value (meta "recipe") call their kernel as
+    ``_r_<prim>``: the same kernel, accounted as "recomputed" while profiling, as
+    the planned schedule counts them."""
+    ex = build("transformer", layers=2, d_model=32, heads=2, seq=16, batch=4, vocab=50)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.7)
+    for _ in range(2):      # the first backward captures and compiles: the second is measured
+        ex.zero_grad()
+        with plan:
+            loss = ex.loss()
+        g = ca.trace_backward(loss)
+        with ca.memory.profile(tracemalloc_witness=False) as prof:
+            with ca.compiled_backward(backend="python"):
+                loss.backward()
+    recipes = [n for n in g.graph.nodes if "recipe" in n.meta and n.target != "getitem"]
+    assert recipes and all(f"{n.name} = _r_{n.target}(" in g.code for n in recipes)
+    assert "_r_" not in ca.trace_backward(ex.loss()).code
+    planned = Counter((s.target, s.allocated) for s in g.memory_schedule().steps
+                      if s.recipe is not None and s.allocated)
+    measured = Counter((e.name, e.bytes) for e in prof.timeline
+                       if e.action == "alloc" and e.category == "recomputed")
+    # (a reshape of a non-contiguous value copies: the plan counts it as a view)
+    assert planned and not planned - measured
+    assert {name for name, _ in measured} <= {n.target for n in recipes}

@@ -15,7 +15,9 @@ Two ways, the exact one first:
   (recomputation, reloads, hooks). The offset changes only across a ``call_hook``
   node; elsewhere a candidate must keep it, which rules out a wrong match between
   two equal allocations. A recompute is placed at the first "recomputed"
-  allocation after the node before it, a reload at the first "reloaded" one.
+  allocation after the node before it, a reload at the first "reloaded" one;
+  other nodes skip those, except a memory plan's recomputation (``Step.recipe``),
+  a prim node whose allocation is "recomputed".
 
 Nodes that match no event (views, getitems, hooks that allocate nothing) are drawn
 between their matched neighbours; they own no event.
@@ -106,8 +108,9 @@ def _by_allocations(steps, events):
                 if shift > offset:
                     break            # past the kernel call this node must be
                 continue
-            if _get(e, "category") in ("recomputed", "reloaded"):
-                continue
+            if _get(e, "category") in ("recomputed", "reloaded") and \
+                    getattr(s, "recipe", None) is None:
+                continue     # (a checkpoint's recomputation: not this node's kernel)
             if _prim(_get(e, "name")) == s.target and int(_get(e, "bytes")) == s.allocated:
                 start[k], cursor, offset, free_offset = i, j + 1, shift, False
                 break

@@ -38,6 +38,7 @@ class Step:
     live_bytes: int            # after the node, once its dead inputs are freed
     peak_bytes: int = 0        # while it runs: its inputs and its output together
     event: str | None = None   # "recompute", "reload", "unpack", "accumulate"
+    recipe: int | None = None  # a memory plan's recomputation: the forward prim call
 
 
 @dataclass
@@ -131,8 +132,9 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
         source.setdefault(key, node.meta.get("source"))
 
     for i, node in enumerate(graph.nodes):
-        allocated, event = 0, None
+        allocated, event, recipe = 0, None, None
         if node.op == "call_function" and node.target != "getitem":
+            recipe = node.meta.get("recipe")
             prim = PRIMS[node.target]
             base = next((a for a in node.args if hasattr(a, "op")), None)
             if prim.view and base is not None:
@@ -141,7 +143,7 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
             else:
                 allocated = node.meta.get("nbytes") or 0
                 # (a memory plan's recomputation of a saved value: meta "recipe")
-                own(node, node, allocated, "recomputed" if "recipe" in node.meta else "gradient")
+                own(node, node, allocated, "recomputed" if recipe is not None else "gradient")
         elif node.op == "call_hook" and node.target == "unpack_hook":
             j = _packed_index(node)
             kind, group, *alias = packed_kinds[j] if j is not None and j < len(packed_kinds) \
@@ -188,7 +190,7 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
             if owners[key] == 0:
                 live -= size[key]
         steps.append(Step(i, node.name, node.op, str(node.target), node.meta.get("source"),
-                          allocated, live, during, event))
+                          allocated, live, during, event, recipe))
         if during > peak:
             peak, peak_index = during, i
             peak_live = [LiveValue(k.name if hasattr(k, "name") else f"{k[1]}.grad", size[k],

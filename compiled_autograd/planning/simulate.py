@@ -23,7 +23,7 @@ measures its plan.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.schedule import memory_schedule
@@ -42,6 +42,25 @@ class Simulation:
     graph: Graph              # the plan's backward graph
     schedule: object          # its MemorySchedule
     node_of: dict             # recomputed value -> its node in ``graph``
+    backward_start: int = 0   # bytes live outside the graph when the backward starts
+    freed_after: dict = field(default_factory=dict)  # step -> kept bytes freed after it
+
+    def whole_schedule(self):
+        """``schedule`` with the bytes live outside the backward graph added to every
+        step (what the forward left live, kept storages until their last use): the
+        predicted live bytes of forward plus backward, during the backward, as
+        ``ca.memory.profile()`` counts them around both. Its ``peak_bytes`` is
+        ``backward_peak``; its ``live_at_peak`` is empty (what lives outside the
+        graph has no graph node)."""
+        steps, outside, peak, at = [], self.backward_start, self.backward_start, None
+        for step in self.schedule.steps:
+            during = outside + step.peak_bytes
+            outside -= self.freed_after.get(step.index, 0)
+            steps.append(replace(step, peak_bytes=during, live_bytes=outside + step.live_bytes))
+            if during > peak:
+                peak, at = during, step.node
+        return replace(self.schedule, steps=steps, peak_bytes=peak, peak_node=at,
+                       live_at_peak=[])
 
 
 def needed_values(profile, recompute) -> tuple[frozenset, frozenset]:
@@ -172,4 +191,5 @@ def simulate(profile, recompute) -> Simulation:
     done = [i for i in recompute if i in node_of]
     return Simulation(frozenset(done), kept, max(forward_peak, backward_peak), forward_peak,
                       backward_peak, sum(values[i].cost for i in done),
-                      sum(values[i].flops for i in done), graph, schedule, node_of)
+                      sum(values[i].flops for i in done), graph, schedule, node_of, start,
+                      freed_after)
