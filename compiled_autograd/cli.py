@@ -316,7 +316,7 @@ def _memory_plan(args, model, out):
     engine = None if args.backend == "eager" else args.backend   # (the eager engine: None)
     try:
         plan = ca.memory.plan_checkpoints(model.loss, budget=args.budget, backend=engine)
-    except RuntimeError as exc:   # no plan fits the budget; model() changed its forward
+    except (RuntimeError, ValueError) as exc:   # no plan fits; model() changed its forward
         if str(exc).startswith("memory plan:"):   # (plan_checkpoints runs its plan once)
             raise UsageError(f"{exc} (model() must build the same computation on "
                              f"every call)") from None

@@ -282,7 +282,7 @@ def test_memory_budget_out_of_reach_exits_2_and_writes_nothing(tmp_path, capsys)
                 out=lines.append) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("compiled-autograd: error: plan_checkpoints: no plan fits a budget")
-    assert "the smallest peak a plan reaches is" in err and err.count("\n") == 0
+    assert "the smallest peak the planner reaches is" in err and err.count("\n") == 0
     assert lines == [] and list(tmp_path.iterdir()) == []
 
 

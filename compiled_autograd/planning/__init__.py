@@ -74,7 +74,7 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
         smallest = f"{measured:,} bytes ({measured / base:.2f}) measured on {backend!r}"
     else:
         smallest = f"{smallest:,} bytes ({smallest / base:.2f})"
-    raise RuntimeError(
+    raise ValueError(
         f"plan_checkpoints: no plan fits a budget of {budget_bytes:,} bytes "
         f"({budget_bytes / base:.2f} of the peak without checkpointing, {base:,} bytes): "
         f"the smallest peak the planner reaches is {smallest}. Use a budget of at least that, "
