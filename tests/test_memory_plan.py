@@ -10,6 +10,7 @@ import pytest
 import compiled_autograd as ca
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
+from compiled_autograd.planning.plan import MemoryPlan
 from compiled_autograd.planning.profile import profile_for_planning
 from compiled_autograd.planning.simulate import needed_values, simulate
 from compiled_autograd.planning.solve import solve
@@ -297,3 +298,183 @@ def test_a_value_modified_in_place_in_the_forward_is_saved_as_it_is(backend):
         np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
     else:
         assert np.array_equal(w.grad.numpy(), expected)
+
+
+# ------------------------------------------------- recipes and what the forward does
+# (found by the plan variant of the random programs, tests/fuzz_programs.py)
+
+def _forced_plan(fn, keep=()):
+    """A plan for ``fn`` that recomputes every value but those made by the prims
+    named in ``keep`` (whatever its peak)."""
+    profile = profile_for_planning(fn, (), {}, "python")
+    recompute = frozenset(v.index for v in profile.values if v.prim not in keep)
+    simulation = simulate(profile, recompute)
+    plan = MemoryPlan(profile, simulation, simulation.peak, 1.0, "knapsack", 0.0,
+                      len(profile.values))
+    plan._recompute = recompute
+    return plan
+
+
+def _leaf_grads(fn, leaves, plan=None, backend="eager", inside=False):
+    """The leaves' gradients of ``fn()``'s backward (under ``plan``; ``inside``:
+    the backward too runs inside ``with plan:``), or the error it raised."""
+    for t in leaves:
+        t.grad = None
+    try:
+        if plan is None:
+            _backward(fn(), backend)
+        else:
+            with plan:
+                loss = fn()
+                if inside:
+                    _backward(loss, backend)
+            if not inside:
+                _backward(loss, backend)
+    except RuntimeError as e:
+        return str(e)
+    return [t.grad.numpy().copy() for t in leaves]
+
+
+def _assert_same(got, want, backend):
+    assert type(got) is type(want), (got, want)
+    if isinstance(want, str):
+        assert got == want
+        return
+    for g, e in zip(got, want):
+        if backend == "c":
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-12)
+        else:
+            assert np.array_equal(g, e)
+
+
+def _parts():
+    rng = np.random.default_rng(1)
+    w = ca.tensor(rng.standard_normal((4, 4)), requires_grad=True, dtype=np.float64)
+    x = ca.tensor(rng.standard_normal((3, 4)), dtype=np.float64)
+    return w, x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("write", ["base", "view", "mask"])
+def test_a_value_written_in_place_is_saved_as_it_is_not_as_its_recipe(backend, write):
+    # The recipe of a value makes the value its prim made. Written in place since
+    # (b.mul_, b[0].mul_, b[mask] = 0), the value saved later (by b * w[0]) is
+    # another: recomputing it from the recipe gave a wrong gradient, silently.
+    w, x = _parts()
+    mask = ca.from_numpy(np.arange(12).reshape(3, 4) % 3 == 0)
+
+    def fn():
+        b = F.linear(x, w).clone()
+        if write == "base":
+            b.mul_(3.0)
+        elif write == "view":
+            b[0].mul_(3.0)
+        else:
+            b[mask] = 0.0
+        return (b * w[0]).sum()
+    want = _leaf_grads(fn, [w])
+    _assert_same(_leaf_grads(fn, [w], _forced_plan(fn), backend), want, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_saved_value_modified_in_place_fails_as_without_a_plan(backend):
+    # A value saved as its recipe and then modified in place: without a plan the
+    # backward fails (the value it saved changed); with one it used to give the
+    # gradient of the value before the change instead.
+    w, x = _parts()
+
+    def fn(modify=True):
+        h = F.linear(x, w)
+        y = h.sin()              # saves h (as its recipe, under the plan)
+        if modify:
+            h.add_(1.0)
+        return (y + h).sum()
+    plan = _forced_plan(lambda: fn(modify=False))   # (add_ is no prim call of the plan's)
+    got = _leaf_grads(fn, [w], plan, backend)
+    assert isinstance(got, str) and got.startswith(
+        "one of the variables needed for gradient computation has been modified by an "
+        "inplace operation: [ca.DoubleTensor [3, 4]]")
+    assert "is at version 1; expected version 0 instead. Hint: the backward of SinBackward " \
+           "needs this value" in got
+    assert got.replace(", which is output 0 of AddBackward,", "") == \
+        _leaf_grads(fn, [w], None, backend).replace(", which is output 0 of AddBackward,", "")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kept_value_written_in_place_during_the_forward_is_copied_for_its_recipes(backend):
+    # h is kept, the recipe of exp(h * 2) reads it; the forward then writes h in
+    # place. Without a plan nothing saved h: the backward runs. The plan must not
+    # make it fail: the recipe keeps a copy of what it read (it used to fail the
+    # version check in the backward).
+    w, x = _parts()
+
+    def fn():
+        h = F.linear(x, w)
+        y = (h * 2.0).exp()
+        h.mul_(3.0)
+        return (y + h).sum()
+    plan = _forced_plan(fn, keep=("linear",))
+    _assert_same(_leaf_grads(fn, [w], plan, backend), _leaf_grads(fn, [w]), backend)
+
+
+class _Square(ca.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a * a
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return g * 2.0 * a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("inside", ["function", "hook", "checkpoint"])
+def test_a_backward_inside_the_plans_context(backend, inside):
+    # ``with plan: loss = fn(); loss.backward()``: the prims the backward calls
+    # (a custom Function's backward, a tensor hook, a checkpoint's recomputation)
+    # are not the forward's; they were taken for a forward other than the
+    # plan's ("its prim call #4 is mul ..., the profiled forward called nothing").
+    w, x = _parts()
+
+    def fn():
+        h = F.linear(x, w).tanh()
+        if inside == "function":
+            return _Square.apply(h).sum()
+        if inside == "hook":
+            h.register_hook(lambda g: g * 0.5)
+            return (h * h).sum()
+        h = ca.utils.checkpoint.checkpoint(lambda a: (a * w[0]).exp(), h, use_reentrant=False)
+        return (h * h).sum()
+    plan = _forced_plan(fn)
+    want = _leaf_grads(fn, [w], None, backend)
+    _assert_same(_leaf_grads(fn, [w], plan, backend, inside=True), want, backend)
+
+
+def test_values_saved_as_they_are_are_freed_after_their_last_use_in_the_prediction():
+    # A value written in place is saved as it is, and the forward's own
+    # saved-tensor hooks hold what they pack: the backward frees both after
+    # their last use. The prediction kept them to the end of the backward, above
+    # the peak without a plan: budget=1.0 raised "no plan fits".
+    rng = np.random.default_rng(2)
+    w = ca.tensor(rng.standard_normal((64, 64)), requires_grad=True)
+    x = ca.tensor(rng.standard_normal((32, 64)))
+
+    def fn():
+        with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            h = F.linear(x, w).tanh()
+        b = F.gelu(F.linear(x, w))
+        b.mul_(2.0)
+        return (F.linear(h, w).tanh() * b).sum()
+    plan = ca.memory.plan_checkpoints(fn, budget=1.0)
+    assert plan.predicted_peak_bytes <= plan.baseline_peak_bytes
+    w.grad = None
+    for _ in range(2):
+        with ca.memory.profile(tracemalloc_witness=False) as prof:
+            with plan:
+                loss = fn()
+            _backward(loss, "python")
+            del loss
+        w.grad = None
+    assert prof.peak_bytes == plan.predicted_peak_bytes

@@ -71,7 +71,8 @@ def _wants_grad(prim, args, out_dtype):
 # Selective checkpointing, checkpoint debugging and memory plans intercept prim
 # calls on Tensors: the innermost interceptor computes (or hands back) the kernel's
 # result, ``interceptor(prim, arrays, params)``, then sees the result Tensor and the
-# call's arguments, ``interceptor.observe(result, args)``.
+# call's arguments, ``interceptor.observe(result, args)``. Every interceptor with a
+# ``before_write(tensor)`` is told of an in-place write before it happens.
 _interceptors: list = []
 
 
@@ -235,6 +236,10 @@ def apply_inplace(prim, args, params):
         raise RuntimeError("unsupported operation: more than one element of the written-to "
                            "tensor refers to a single memory location. Please clone() the "
                            "tensor before performing the operation.")
+    for interceptor in _interceptors:   # (a memory plan keeps what its recipes read)
+        before_write = getattr(interceptor, "before_write", None)
+        if before_write is not None:
+            before_write(target)
     node = None
     if _wants_grad(prim, args, target.dtype):
         edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]

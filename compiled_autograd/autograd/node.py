@@ -392,7 +392,7 @@ class SavedVariable:
     __slots__ = ("_tensor", "_data", "_version_counter", "saved_version", "is_output",
                  "_requires_grad", "_output_nr", "_grad_fn_name", "released", "shape",
                  "dtype", "packed", "unpack_hook", "_grad_fn", "_leaf", "strides",
-                 "packed_kind")
+                 "packed_kind", "_tensor_ref")
 
     def __init__(self, tensor, is_output: bool, grad_fn_name: str | None = None):
         hooks = current_hooks()
@@ -402,8 +402,11 @@ class SavedVariable:
             packed = hooks[0](tensor) if hooks[2] == "recipe" else _PACK
             if packed is not None:
                 self._init_hooked(tensor, is_output, hooks, packed)
+                if self.packed_kind == "recipe":
+                    self._init_recipe(tensor, is_output, grad_fn_name)
                 return
         self.packed = self.unpack_hook = self._grad_fn = self._leaf = self.packed_kind = None
+        self._tensor_ref = None
         if _rt_memory._trackers:
             _rt_memory.retag_saved(tensor._data)
         self._version_counter = tensor._version_counter
@@ -425,8 +428,21 @@ class SavedVariable:
             self._tensor = tensor
             self._data = None
 
+    def _init_recipe(self, tensor, is_output, grad_fn_name):
+        """A value saved as its recipe (a memory plan) is what the tensor holds
+        now: as a value saved as it is, it must not be modified in place before
+        the backward (the recipe would make the old value, the run without the
+        plan would fail). Its version is checked; the tensor is not kept (its
+        storage is what the plan frees), only a weak reference for the message."""
+        self._version_counter = tensor._version_counter
+        self.saved_version = tensor._version_counter.value
+        self._grad_fn_name = grad_fn_name
+        self._tensor_ref = (None if is_output and tensor._grad_fn is not None
+                            else weakref.ref(tensor))
+
     def _init_hooked(self, tensor, is_output, hooks, packed=_PACK):
         pack, unpack, self.packed_kind = hooks
+        self._tensor_ref = None
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self._requires_grad = tensor.requires_grad
         # The layout the value had (bytes): a recomputation gives it again, so
@@ -461,13 +477,16 @@ class SavedVariable:
         """Raise the torch error if this value was freed or modified in place."""
         if self.released:
             raise RuntimeError(SECOND_BACKWARD_MSG)
-        if self.unpack_hook is not None:
+        if self.unpack_hook is not None and self.packed_kind != "recipe":
             return  # the hooks own the value: no version to check (as torch)
         current = self._version_counter.value
         if current != self.saved_version:
-            if self._tensor is not None and self._tensor._grad_fn is not None:
-                origin = f", which is output {self._output_nr} of {self._tensor._grad_fn.name()},"
-            elif self._tensor is None:
+            tensor = self._tensor
+            if self.packed_kind == "recipe":   # (as the value saved as it is would say)
+                tensor = self._tensor_ref() if self._tensor_ref is not None else None
+            if tensor is not None and tensor._grad_fn is not None:
+                origin = f", which is output {self._output_nr} of {tensor._grad_fn.name()},"
+            elif tensor is None and (self.packed_kind != "recipe" or self._tensor_ref is None):
                 origin = f", which is output {self._output_nr} of {node_name},"
             else:
                 origin = ""
@@ -526,6 +545,6 @@ class SavedVariable:
         return self._tensor
 
     def release(self) -> None:
-        self._tensor = self._data = None
+        self._tensor = self._data = self._tensor_ref = None
         self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
         self.released = True

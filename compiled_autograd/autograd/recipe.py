@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from compiled_autograd.autograd import dispatch
+from compiled_autograd.autograd import dispatch, engine
 from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
@@ -34,7 +34,7 @@ from runtime.prims import run_kernel
 class Kept:
     """A recipe's input that is kept as it is: an array and the version it had."""
 
-    __slots__ = ("data", "version_counter", "version")
+    __slots__ = ("data", "version_counter", "version", "__weakref__")
 
     def __init__(self, data, version_counter=None):
         self.data = data
@@ -106,7 +106,14 @@ class RecipeRecorder:
         self.recompute = recompute
         self.on_call, self.on_made = on_call, on_made
         self.count = 0
-        # id(array) -> (weakref to the array, its Recipe or None, index)
+        # The backward running where the forward runs (None, mostly): prims that
+        # a backward inside ``with plan:`` calls (a custom Function's backward, a
+        # hook, a checkpoint's recomputation) are not the forward's.
+        self._task = engine.current_graph_task()
+        # id(root storage) -> weak references to the Kept inputs that read it
+        self._kept: dict = {}
+        # id(array) -> (weakref to the array, its Recipe or None, index, the
+        # version counter of its Tensor and the version it had)
         self._made: dict = {}
         self._pending = None
         self._hooks = None
@@ -114,6 +121,9 @@ class RecipeRecorder:
     # ---------------------------------------------------- the dispatch interceptor
 
     def __call__(self, prim, arrays, params):
+        if engine.current_graph_task() is not self._task:
+            self._pending = None
+            return run_kernel(prim, arrays, params)
         index = self.count
         if self.on_call is not None:
             self.on_call(index, prim, arrays, params)
@@ -123,6 +133,8 @@ class RecipeRecorder:
         return out
 
     def observe(self, result, args):
+        if self._pending is None:
+            return
         index, prim, arrays, params = self._pending
         self._pending = None
         data = result._data
@@ -136,9 +148,9 @@ class RecipeRecorder:
             self.on_made(index, result, arrays)
 
     def _entry(self, array):
-        """What the recorder knows of ``array``, if the array is still the value a
-        prim call made: an in-place op since (on it or on a view of its storage:
-        one version counter) makes it a value no recipe describes."""
+        """What was recorded of ``array``, while it holds the value its prim call
+        made: not once it was written in place (its version moved on), when its
+        recipe would make the value it had before."""
         entry = self._made.get(id(array))
         if entry is None or entry[0]() is not array or entry[3].value != entry[4]:
             return None
@@ -150,7 +162,37 @@ class RecipeRecorder:
         entry = self._entry(array)
         if entry is not None and entry[1] is not None:
             return entry[1]
-        return Kept(array, arg._version_counter if isinstance(arg, TensorBase) else None)
+        kept = Kept(array, arg._version_counter if isinstance(arg, TensorBase) else None)
+        if kept.version_counter is not None:
+            self._kept.setdefault(id(_root(array)), []).append(weakref.ref(kept))
+        return kept
+
+    def before_write(self, tensor):
+        """``tensor`` is about to be written in place (dispatch.apply_inplace):
+        the recipes that read its storage as it is now keep a copy of what they
+        read instead. (The forward without the plan saved nothing of it, or it
+        would fail the same way; the plan must not make it fail.) After the
+        forward, a write fails the version check of ``Kept.read`` instead."""
+        refs = self._kept.get(id(_root(tensor._data)))
+        if not refs:
+            return
+        target, copies, alive = tensor._data, {}, []
+        for ref in refs:
+            kept = ref()
+            if kept is None:
+                continue
+            counter = kept.version_counter
+            if counter is None or counter.value != kept.version or \
+                    not np.may_share_memory(kept.data, target):
+                alive.append(ref)   # (stale already, or another part of the storage)
+                continue
+            copy = copies.get(id(kept.data))
+            if copy is None:
+                copy = copies[id(kept.data)] = kept.data.copy()
+                _rt_memory.on_array(copy, f"recipe input before an in-place write "
+                                          f"(forward prim #{self.count})", "saved")
+            kept.data, kept.version_counter, kept.version = copy, None, None
+        self._kept[id(_root(target))] = alive
 
     def recipe_of(self, tensor):
         """The recipe ``tensor`` is saved as, or None (it is saved as it is)."""
@@ -158,8 +200,8 @@ class RecipeRecorder:
         return None if entry is None else entry[1]
 
     def index_of(self, array):
-        """The prim call that made ``array`` (None: it came from elsewhere, or was
-        modified in place since)."""
+        """The prim call that made ``array`` (and whose value it still holds), or
+        None."""
         entry = self._entry(array)
         return None if entry is None else entry[2]
 
@@ -178,6 +220,7 @@ class RecipeRecorder:
         self._hooks.__exit__(*exc)
         self._hooks = None
         self._made.clear()   # (the recipes the saved values hold stay theirs)
+        self._kept.clear()
         self._pending = None
         return False
 
@@ -187,3 +230,9 @@ class RecipeRecorder:
 
 class _RecipeHooks(saved_tensors_hooks):
     kind = "recipe"   # SavedVariable asks pack() per value: a Recipe, or None
+
+
+def _root(array):
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array

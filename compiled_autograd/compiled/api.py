@@ -287,6 +287,14 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
 
 def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
     """Trace the backward of ``loss`` into a graph; runs nothing and frees nothing."""
+    return trace_with_values(loss, inputs, grad_outputs, unpack)[0]
+
+
+def trace_with_values(loss, inputs=None, grad_outputs=None, unpack="progressive"):
+    """``trace_backward``, and what a compiled run would take: (traced, inputs,
+    collected), ``inputs`` the boxed list whole (the roots' gradients first, the
+    constants last), ``collected`` the CompiledNodeArgs (packed data, saved
+    variables, nodes holding values)."""
     outputs = [loss] if isinstance(loss, Tensor) else list(loss)
     grads = None if grad_outputs is None else (
         [grad_outputs] if isinstance(grad_outputs, Tensor) else list(grad_outputs))
@@ -301,8 +309,9 @@ def trace_backward(loss, inputs=None, grad_outputs=None, unpack="progressive"):
         passes.eliminate_dead_code(traced.graph)
         passes.place_reads(traced.graph, unpack)
     traced.release()
-    return CompiledBackward(traced.graph, None, traced.constants, key, unpack,
-                            packed_kinds(collected))
+    return (CompiledBackward(traced.graph, None, traced.constants, key, unpack,
+                             packed_kinds(collected)),
+            [g for _, g in roots] + list(collected.inputs) + list(traced.constants), collected)
 
 
 def packed_kinds(collected):

@@ -136,6 +136,8 @@ class CompiledNodeArgs:
     def _saved(self, sv) -> tuple:
         """Collect a saved variable's value; return its key item."""
         if sv.packed_kind == "recipe" and not sv.released:
+            if sv._version_counter.value != sv.saved_version:
+                sv.check(self.node.name() if self.node is not None else "backward")  # raises
             self.saved.append(sv)
             return ("recipe", self._recipe(sv.packed))
         hooked = sv.unpack_hook is not None

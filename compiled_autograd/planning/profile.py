@@ -11,7 +11,10 @@
    Python code lets go of it. It records each prim call (a ``Value``: prim, inputs,
    bytes, FLOPs, whether a backward node saved it, when it was freed) and the live
    bytes after each call; then the backward of that forward is traced (not run):
-   a graph in which every saved value is recomputed from the forward's inputs.
+   a graph in which every saved value is recomputed from the forward's inputs;
+   and its saved values are released, as a backward would release them: the
+   storages that only they held (values saved as they are, values the forward's
+   own saved-tensor hooks hold) are freed after their last use in the backward.
 
 A plan keeps some values and recomputes the others: ``simulate`` derives its
 backward graph from the recorded one (kept values become graph inputs, dead
@@ -30,7 +33,7 @@ import numpy as np
 
 from compiled_autograd.autograd.random import get_rng_state, set_rng_state
 from compiled_autograd.autograd.recipe import RecipeRecorder
-from compiled_autograd.compiled.api import compiled_backward, trace_backward
+from compiled_autograd.compiled.api import compiled_backward, trace_with_values
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.profile import profile
 from runtime import memory as _rt
@@ -73,6 +76,11 @@ class Value:
     cost: float            # seconds at the reference rates
     saved: bool = False    # a backward node saved it
     freed_at: int | None = None   # prim calls done when the forward freed its storage
+    # Its storage outlived the forward only for the backward: saved as it is (a
+    # value written in place since its prim made it), or held by the packed data
+    # of the forward's own saved-tensor hooks. Backward nodes that read it have
+    # meta "storage" (its index); it is freed after the last of them.
+    freed_with_graph: bool = False
 
 
 @dataclass
@@ -140,6 +148,8 @@ class _Recording:
         self.values, self.signature, self.live = [], [], []
         self.recorder = None
         self.done = False
+        self.dropping_graph = False
+        self.roots = {}   # id(storage) -> (weak reference to it, its value's index)
 
     def on_call(self, index, prim, arrays, params):
         self.signature.append(signature_of(prim, arrays))
@@ -172,12 +182,40 @@ class _Recording:
                                  flops / FLOP_RATE + (read + written) / BYTE_RATE))
         if storage == index:
             weakref.finalize(root, self._freed, index)
+            self.roots[id(root)] = (weakref.ref(root), index)
         self.live.append(self.tracker.live_bytes)
 
     def _freed(self, index):
         value = self.values[index]
         if value.freed_at is None and not self.done:  # (after the forward: alive at its end)
             value.freed_at = self.recorder.count
+        elif self.dropping_graph:
+            value.freed_with_graph = True
+
+    def storage_of(self, array):
+        """The index of the value owning ``array``'s storage, or None."""
+        root = _root(array)
+        entry = self.roots.get(id(root))
+        return entry[1] if entry is not None and entry[0]() is root else None
+
+    def mark_reads(self, graph, inputs, packed_data):
+        """meta "storage" on the nodes of the recorded backward that read a
+        recorded value's storage as it is: a value saved without a recipe
+        (``getitem(inputs, i)``) or an unpack hook's Tensor (its packed data)."""
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target == "getitem" and \
+                    getattr(node.args[0], "target", None) == "inputs":
+                value = inputs[node.args[1]]
+            elif node.op == "call_hook" and node.target == "unpack_hook" and \
+                    getattr(node.args[1], "target", None) == "getitem":
+                value = packed_data[node.args[1].args[1]]
+            else:
+                continue
+            value = getattr(value, "_data", value)   # (a Tensor: its array)
+            if isinstance(value, np.ndarray):
+                index = self.storage_of(value)
+                if index is not None:
+                    node.meta["storage"] = index
 
     def pack(self, tensor):
         recipe = self.recorder.recipe_of(tensor)
@@ -194,6 +232,22 @@ def _root(a):
 
 def signature_of(prim, arrays) -> tuple:
     return (prim.name, tuple(a.shape if isinstance(a, np.ndarray) else None for a in arrays))
+
+
+def _release(collected, rec):
+    """Release the saved values of the recording run's backward (which is never
+    run) as a backward would: the storages only they held are freed now
+    (``Value.freed_with_graph``)."""
+    saved, holders = list(collected.saved), list(collected.release_nodes)
+    collected.clear()
+    rec.dropping_graph = True
+    try:
+        while saved:
+            saved.pop().release()
+        while holders:
+            holders.pop().release_variables()
+    finally:
+        rec.dropping_graph = False
 
 
 def profile_for_planning(fn, args, kwargs, backend="python") -> PlanningProfile:
@@ -221,8 +275,10 @@ def _profile(fn, args, kwargs, backend, start, rng):
         rec.done = True
         # (and the backward makes the root's gradient first, outside its graph)
         backward_start = tracker.live_bytes + loss._data.nbytes
-        traced = trace_backward(loss)
-        del loss
+        traced, inputs, collected = trace_with_values(loss)
+        rec.mark_reads(traced.graph, inputs, collected.packed_data)
+        del inputs, loss
+        _release(collected, rec)
     node_of = {n.meta["recipe"]: n for n in traced.graph.nodes if "recipe" in n.meta}
     return PlanningProfile(rec.values, rec.signature, base.peak_bytes, rec.live,
                            backward_start, traced.graph, traced.packed_kinds or [],

@@ -175,11 +175,19 @@ def simulate(profile, recompute) -> Simulation:
             if index is not None and kept_nodes.get(index) is d:
                 s = values[index].storage
                 last[s] = max(last.get(s, -1), position[node])
+            s = d.meta.get("storage")   # (a storage read as it is, see profile.Value)
+            if s is not None:
+                last[s] = max(last.get(s, -1), position[node])
+    # Storages alive at the end of the forward only for the backward's sake
+    # (saved as they are, or held by saved-tensor hooks): freed after their last
+    # use, as the kept ones are.
+    held = {s: values[s].nbytes for s in last
+            if s is not None and s not in storages and values[s].freed_with_graph}
     freed_after = {}
     # (the C backend calls no Python where none is needed, so the arrays it was
     # handed stay until it returns: kept values live through its backward)
     frees_inputs = profile.backend != "c"
-    for s, nbytes in storages.items():
+    for s, nbytes in list(storages.items()) + list(held.items()):
         at = last.get(s)
         if at is not None and frees_inputs:
             freed_after[at] = freed_after.get(at, 0) + nbytes
