@@ -478,3 +478,56 @@ def test_values_saved_as_they_are_are_freed_after_their_last_use_in_the_predicti
             del loss
         w.grad = None
     assert prof.peak_bytes == plan.predicted_peak_bytes
+
+
+def test_a_plan_in_one_thread_leaves_other_threads_forwards_alone():
+    import threading
+    ex = build("mlp", **SMALL_MLP)
+    other = build("mlp", **dict(SMALL_MLP, batch=SMALL_MLP["batch"] + 3))
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=10**9)
+    entered, done, errors = threading.Event(), threading.Event(), []
+
+    def elsewhere():
+        entered.wait()
+        try:
+            other.loss().backward()     # not the planned forward: no plan here
+        except Exception as e:          # noqa: BLE001 (reported below)
+            errors.append(e)
+        done.set()
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    with plan:
+        entered.set()
+        done.wait()
+        loss = ex.loss()
+    t.join()
+    assert not errors and all(p.grad is not None for p in other.parameters())
+    loss.backward()
+
+
+@pytest.mark.parametrize("backend", MODES)
+def test_what_a_plan_keeps_goes_through_the_hooks_around_it(backend):
+    ex = build("mlp", **SMALL_MLP)
+    _backward(ex.loss(), "engine")
+    expected = _grads(ex)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.8)
+    with ca.autograd.graph.save_on_disk():
+        with plan:
+            loss = ex.loss()
+    kinds, stack = set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None:
+            continue
+        for item in getattr(fn, "saved", ()):
+            for sv in item if isinstance(item, tuple) else (item,):
+                if hasattr(sv, "packed_kind"):
+                    kinds.add(sv.packed_kind)
+        stack.extend(f for f, _ in fn.next_functions)
+    assert kinds == {"recipe", "offload"}
+    _backward(loss, backend)
+    for g, e in zip(_grads(ex), expected):
+        if backend == "c":
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        else:
+            assert np.array_equal(g, e)

@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 
 from compiled_autograd.autograd import hooks
-from compiled_autograd.autograd.saved_hooks import current_hooks
+from compiled_autograd.autograd.saved_hooks import current_hooks, outer_hooks
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
 from runtime import memory as _rt_memory
 from runtime.memory import on_array
@@ -398,8 +398,12 @@ class SavedVariable:
         hooks = current_hooks()
         if hooks is not None:
             # A memory plan's pack (kind "recipe") saves the values it recomputes
-            # as their recipes and every other value as it is (None).
+            # as their recipes; every other value (None) as it is, or through the
+            # saved-tensor hooks around the plan.
             packed = hooks[0](tensor) if hooks[2] == "recipe" else _PACK
+            outer = outer_hooks() if packed is None else None
+            if outer is not None and outer[2] != "recipe":
+                hooks, packed = outer, _PACK
             if packed is not None:
                 self._init_hooked(tensor, is_output, hooks, packed)
                 if self.packed_kind == "recipe":

@@ -19,6 +19,7 @@ the tracer of a compiled backward turns it into prim nodes of the graph instead
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -110,6 +111,8 @@ class RecipeRecorder:
         # a backward inside ``with plan:`` calls (a custom Function's backward, a
         # hook, a checkpoint's recomputation) are not the forward's.
         self._task = engine.current_graph_task()
+        # (interceptors are global: the plan is this thread's forward only)
+        self._thread = threading.get_ident()
         # id(root storage) -> weak references to the Kept inputs that read it
         self._kept: dict = {}
         # id(array) -> (weakref to the array, its Recipe or None, index, the
@@ -121,6 +124,8 @@ class RecipeRecorder:
     # ---------------------------------------------------- the dispatch interceptor
 
     def __call__(self, prim, arrays, params):
+        if threading.get_ident() != self._thread:
+            return run_kernel(prim, arrays, params)   # another thread's prim
         if engine.current_graph_task() is not self._task:
             self._pending = None
             return run_kernel(prim, arrays, params)
@@ -133,7 +138,7 @@ class RecipeRecorder:
         return out
 
     def observe(self, result, args):
-        if self._pending is None:
+        if self._pending is None or threading.get_ident() != self._thread:
             return
         index, prim, arrays, params = self._pending
         self._pending = None

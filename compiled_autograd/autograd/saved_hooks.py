@@ -33,6 +33,13 @@ def current_hooks():
     return stack[-1] if stack else None
 
 
+def outer_hooks():
+    """The (pack, unpack, kind) triple under the innermost one, or None: where a
+    memory plan hands the values it keeps (its pack saves only recipes)."""
+    stack = getattr(_state, "stack", None)
+    return stack[-2] if stack and len(stack) > 1 else None
+
+
 class saved_tensors_hooks:
     """Context manager installing a (pack_hook, unpack_hook) pair."""
 
