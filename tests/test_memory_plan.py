@@ -385,6 +385,17 @@ def test_a_backward_inside_the_plans_context(backend, inside):
     _assert_same(_leaf_grads(fn, [w], plan, backend, inside=True), want, backend)
 
 
+def test_dropout_of_a_0d_tensor_under_memory_accounting():
+    # Its mask was a numpy scalar, not an array: ca.memory.profile() (and so
+    # plan_checkpoints, which profiles) raised "cannot create weak reference to
+    # 'numpy.float32' object".
+    x = ca.tensor(2.0, requires_grad=True)
+    with ca.memory.profile(tracemalloc_witness=False):
+        y = F.dropout(x * 1.0, 0.3)
+    assert type(y._data) is np.ndarray and y.shape == ()
+    y.backward()
+    assert x.grad.item() in (0.0, np.float32(1 / 0.7))
+
 def test_values_saved_as_they_are_are_freed_after_their_last_use_in_the_prediction():
     # A value written in place is saved as it is, and the forward's own
     # saved-tensor hooks hold what they pack: the backward frees both after
