@@ -15,18 +15,30 @@ unused value (a sink) with fixed random weights is differentiated.
 halves one intermediate's gradient, ``retain_grad`` on another); "offload"
 (``save_on_disk``; ca only); "grad" (``autograd.grad`` for some leaves).
 
+Memory plans (``check_plan``, ``--plans``): the same program, in one of those
+variants or in "selective" (a selective checkpoint), "no_grad" (a stretch without
+grad) or "dropout" (on a stretch of values), is run under plans of
+``ca.memory.plan_checkpoints`` -- the planner's for a random budget, and forced
+ones recomputing every value or a random half -- and must give what it gives
+without a plan on each backend: gradients bit for bit (within rtol 1e-5 on "c"),
+the same errors, hook calls, custom backward calls, also for a second backward
+(retain_graph) and a backward inside ``with plan:``, and no recipe left alive.
+
     python tests/fuzz_programs.py --count 500 [--start 0] [--dtype float64]
                                   [--backends python,c] [--torch] [--dynamic]
+                                  [--plans]
 
 compares every backend with eager autograd (and eager with torch, ``--torch``) on
 ``count`` programs and prints each failing seed (``--dynamic``: each program at
-three sizes in a row, ``check_dynamic``); ``show(seed)`` prints a program.
+three sizes in a row, ``check_dynamic``; ``--plans``: ``check_plan``, on the
+eager engine and every backend); ``show(seed)`` prints a program.
 tests/test_fuzz_backends.py runs a fixed set of seeds.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 from dataclasses import dataclass, field
 
@@ -34,7 +46,13 @@ import numpy as np
 
 from fuzz_ops import BACKWARD_CALLS, OPS
 
+_INPLACE = {name for name, (_, apply) in OPS.items()
+            if getattr(apply, "__qualname__", "").startswith("_inplace")}
+
 VARIANTS = ("plain", "checkpoint", "hooks", "tensor_hooks", "offload", "grad")
+# More, for memory plans (check_plan): a selective checkpoint ("selective"), a
+# stretch under no_grad, dropout on a stretch of values.
+PLAN_VARIANTS = VARIANTS + ("selective", "no_grad", "dropout")
 TORCH_VARIANTS = ("plain", "checkpoint", "hooks", "tensor_hooks", "grad")
 
 
@@ -221,62 +239,125 @@ def _steps(m, prog, pool, steps):
     return pool
 
 
+class Replay:
+    """``prog`` replayed in ``lib`` ("ca" or "torch") on its leaves times ``scale``
+    (made once, here), wrapped in ``variant``: ``forward()`` builds the loss (and
+    can run again, on the same leaves: what a memory plan profiles), ``backward``
+    differentiates it. ``log``: a list that the variant's hooks append their calls
+    to, ``(kind, shape)``, or None."""
+
+    def __init__(self, prog, lib="ca", dtype=np.float64, variant="plain", scale=1.0, log=None):
+        self.prog, self.variant, self.dtype, self.log = prog, variant, dtype, log
+        self.m = m = _module(lib)
+        self.leaves = [m.from_numpy((x * scale).astype(dtype)) for x in prog.leaves]
+        for t, g in zip(self.leaves, prog.leaf_grad):
+            t.requires_grad_(g)
+        self.pool, self.retained = None, None
+
+    def _logged(self, kind, fn):
+        if self.log is None:
+            return fn
+
+        def hook(t):
+            self.log.append((kind, tuple(t.shape)))
+            return fn(t)
+        return hook
+
+    def forward(self):
+        m, prog, variant, dtype = self.m, self.prog, self.variant, self.dtype
+        pool = list(self.leaves)
+        n, steps = len(pool), prog.steps
+        hooks = contextlib.nullcontext()
+        if variant == "hooks":
+            hooks = m.autograd.graph.saved_tensors_hooks(self._logged("pack", lambda t: t),
+                                                         self._logged("unpack", lambda t: t))
+        elif variant == "offload":
+            hooks = m.autograd.graph.save_on_disk()
+        retained = None
+        start, stop = len(steps) // 3, 2 * len(steps) // 3   # (a middle stretch)
+        with hooks:
+            if variant in ("checkpoint", "selective") and len(steps) >= 3:
+                def segment(*values):
+                    return tuple(_steps(m, prog, list(values), steps[start:stop])[len(values):])
+                extra = {}
+                if variant == "selective":   # (the matrix products and sums kept)
+                    policy = m.utils.checkpoint.create_selective_checkpoint_contexts
+                    extra["context_fn"] = lambda: policy(["matmul", "linear", "sum"])
+                _steps(m, prog, pool, steps[:start])
+                from_segment = m.utils.checkpoint.checkpoint(segment, *pool, use_reentrant=False,
+                                                             **extra)
+                pool.extend(from_segment)
+                _steps(m, prog, pool, steps[stop:])
+            elif variant == "no_grad":
+                _steps(m, prog, pool, steps[:start])
+                with m.no_grad():
+                    _steps(m, prog, pool, steps[start:stop])
+                _steps(m, prog, pool, steps[stop:])
+            elif variant == "dropout":
+                # dropout on every value of a middle stretch, in place on the clones
+                # its in-place ops write (their masks: a constant of the graph)
+                m.manual_seed(prog.seed)
+                for name, args, params in steps:
+                    y = OPS[name][1](m, [pool[i] for i in args], params)
+                    if start <= len(pool) - n < stop and y.dtype.kind == "f":
+                        y = m.nn.functional.dropout(y, 0.3, inplace=name in _INPLACE)
+                    pool.append(y)
+            else:
+                _steps(m, prog, pool, steps)
+            if variant == "tensor_hooks":
+                inner = [i for i in range(n, len(pool)) if pool[i].requires_grad]
+                if inner:
+                    pool[inner[len(inner) // 2]].register_hook(
+                        self._logged("tensor_hook", lambda g: g * 0.5))
+                    retained = inner[-1 - len(inner) // 3]
+                    pool[retained].retain_grad()
+            loss = None
+            for i, w in sorted(prog.weights.items()):
+                term = (pool[i] * m.from_numpy(w.astype(dtype))).sum()
+                loss = term if loss is None else loss + term
+        self.pool, self.retained = pool, retained
+        return loss
+
+    def backward(self, loss, backend=None, dynamic=False, unpack="progressive",
+                 retain_graph=None):
+        """Differentiate ``loss`` (the last ``forward``'s), under
+        ``compiled_backward(backend, dynamic)`` when a backend is given. Returns
+        {name: gradient array} for the leaves (and the retained intermediate)."""
+        m, pool, prog = self.m, self.pool, self.prog
+        n = len(self.leaves)
+        wanted = [i for i in range(n) if prog.leaf_grad[i]]
+        if self.variant == "grad":
+            wanted = wanted[::2]
+        compiled = (_module("ca").compiled_backward(backend=backend, dynamic=dynamic,
+                                                    unpack=unpack)
+                    if backend else contextlib.nullcontext())
+        with compiled:
+            if self.variant == "grad":
+                grads = m.autograd.grad(loss, [pool[i] for i in wanted], allow_unused=True,
+                                        retain_graph=retain_graph)
+            else:
+                loss.backward(retain_graph=retain_graph)
+                grads = [pool[i].grad for i in wanted]
+        out = {f"v{i}": None if g is None else g.detach().numpy().copy()
+               for i, g in zip(wanted, grads)}
+        if self.retained is not None:
+            g = pool[self.retained].grad
+            out[f"v{self.retained} (retained)"] = None if g is None else g.detach().numpy().copy()
+        return out
+
+    def zero_grad(self):
+        for t in self.leaves:
+            t.grad = None
+
+
 def run(prog, lib="ca", dtype=np.float64, variant="plain", backend=None, scale=1.0,
         dynamic=False, unpack="progressive"):
     """Replay ``prog`` in ``lib`` ("ca" or "torch") on its leaves times ``scale``
     and differentiate its loss, under ``compiled_backward(backend, dynamic)`` when a
     backend is given. Returns {name: gradient array} for the leaves (and the
     retained intermediate)."""
-    m = _module(lib)
-    leaves = [m.from_numpy((x * scale).astype(dtype)) for x in prog.leaves]
-    for t, g in zip(leaves, prog.leaf_grad):
-        t.requires_grad_(g)
-    pool = list(leaves)
-    n, steps = len(leaves), prog.steps
-    hooks = contextlib.nullcontext()
-    if variant == "hooks":
-        hooks = m.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
-    elif variant == "offload":
-        hooks = m.autograd.graph.save_on_disk()
-    retained = None
-    with hooks:
-        if variant == "checkpoint" and len(steps) >= 3:
-            start, stop = len(steps) // 3, 2 * len(steps) // 3
-
-            def segment(*values):
-                return tuple(_steps(m, prog, list(values), steps[start:stop])[len(values):])
-            _steps(m, prog, pool, steps[:start])
-            from_segment = m.utils.checkpoint.checkpoint(segment, *pool, use_reentrant=False)
-            pool.extend(from_segment)
-            _steps(m, prog, pool, steps[stop:])
-        else:
-            _steps(m, prog, pool, steps)
-        if variant == "tensor_hooks":
-            inner = [i for i in range(n, len(pool)) if pool[i].requires_grad]
-            if inner:
-                pool[inner[len(inner) // 2]].register_hook(lambda g: g * 0.5)
-                retained = inner[-1 - len(inner) // 3]
-                pool[retained].retain_grad()
-        loss = None
-        for i, w in sorted(prog.weights.items()):
-            term = (pool[i] * m.from_numpy(w.astype(dtype))).sum()
-            loss = term if loss is None else loss + term
-    wanted = [i for i in range(n) if prog.leaf_grad[i]]
-    if variant == "grad":
-        wanted = wanted[::2]
-    compiled = (_module("ca").compiled_backward(backend=backend, dynamic=dynamic, unpack=unpack)
-                if backend else contextlib.nullcontext())
-    with compiled:
-        if variant == "grad":
-            grads = m.autograd.grad(loss, [pool[i] for i in wanted], allow_unused=True)
-        else:
-            loss.backward()
-            grads = [pool[i].grad for i in wanted]
-    out = {f"v{i}": None if g is None else g.detach().numpy().copy() for i, g in zip(wanted, grads)}
-    if retained is not None:
-        g = pool[retained].grad
-        out[f"v{retained} (retained)"] = None if g is None else g.detach().numpy().copy()
-    return out
+    replay = Replay(prog, lib, dtype, variant, scale)
+    return replay.backward(replay.forward(), backend, dynamic, unpack)
 
 
 def _counted_run(*args, **kwargs):
@@ -390,6 +471,179 @@ def check_dynamic(seed, variant, backends=("python", "c"), dtype=np.float64):
     return problems
 
 
+# ------------------------------------------------------------------ memory plans
+
+# A plan's gradients against the same backend's without it: a recipe replays the
+# forward's prims, so on the eager engine, "eager" and "python" they are equal bit
+# for bit; on "c" the recomputation runs C kernels (rounding of their own): rtol
+# 1e-5 (of an element and of its gradient's largest, see ``compare``).
+PLAN_TOL = {"eager": None, "python": None, "c": (1e-5, 1e-12)}
+
+
+def compare_bits(ours, theirs):
+    """The first difference between two gradient dicts, bit for bit, or None."""
+    diff = compare(ours, theirs, 0.0, 0.0)
+    if diff is None:
+        for name, a in ours.items():
+            if a is not None and a.tobytes() != theirs[name].tobytes():
+                return f"{name}: equal but not bit for bit (signed zeros or NaN payloads)"
+    return diff
+
+
+def plans(replay, rng):
+    """(name, plan) for ``replay``'s forward: the planner's plan for a random budget
+    it reaches ("budget"), and forced plans that recompute every value ("all") or
+    a random half of them ("random"). Profiling runs the forward three times and
+    leaves the leaves' gradients as they were."""
+    from compiled_autograd.planning.plan import MemoryPlan
+    from compiled_autograd.planning.profile import profile_for_planning
+    from compiled_autograd.planning.solve import solve
+    profile = profile_for_planning(replay.forward, (), {}, "python")
+    base = profile.baseline_peak
+    # The smallest peak the planner finds (for a budget nothing fits), then a
+    # budget between it and the peak without a plan (which always fits: keeping
+    # everything is that run); where the planner misses that one, the least it
+    # reached.
+    _, _, smallest, _ = solve(profile, 0)
+    top = max(base, smallest)
+    budget = int(rng.uniform(smallest, top)) if top > smallest else top
+    chosen, seconds, _, _ = solve(profile, budget)
+    if chosen is None:
+        budget = smallest
+        chosen, seconds, _, _ = solve(profile, budget)
+    candidates = sum(1 for v in profile.values if v.nbytes)
+    plan = MemoryPlan(profile, chosen, budget, budget / base, "knapsack", seconds, candidates)
+    out = [(f"budget {budget / base:.2f}", plan)]
+    indices = [v.index for v in profile.values]
+    for name, recompute in (("all", indices),
+                            ("random", [i for i in indices if rng.random() < 0.5])):
+        forced = MemoryPlan(profile, chosen, budget, budget / base, "knapsack", 0.0, candidates)
+        forced._recompute = frozenset(recompute)
+        out.append((name, forced))
+    return out
+
+
+def _planned_run(replay, plan, backend, twice=False, inside=False):
+    """(gradients or the exception raised, hook log, custom backward calls) of one
+    forward (under ``plan`` unless None) and backward (``inside``: also under the
+    plan); ``twice``: a backward with retain_graph=True, then another (the
+    gradients of both, accumulated)."""
+    replay.zero_grad()
+    del replay.log[:]
+    before = BACKWARD_CALLS[0]
+
+    def backward(loss):
+        if twice:
+            first = replay.backward(loss, backend, retain_graph=True)
+            second = replay.backward(loss, backend)
+            return {**{k + " (1st)": v for k, v in first.items()}, **second}
+        return replay.backward(loss, backend)
+    try:
+        with plan if plan is not None else contextlib.nullcontext():
+            loss = replay.forward()
+            if inside:
+                out = backward(loss)
+        if not inside:
+            out = backward(loss)
+    except Exception as e:   # noqa: BLE001 -- the run without a plan must raise it too
+        out = e.with_traceback(None)   # (its frames would hold the graph)
+    return out, list(replay.log), BACKWARD_CALLS[0] - before
+
+
+@contextlib.contextmanager
+def _watching_recipes():
+    """A list that gets a weak reference to every Recipe made inside (its kept
+    arrays hang from it: a Recipe alive is what a leak or a cycle would show)."""
+    import weakref
+
+    from compiled_autograd.autograd.recipe import Recipe
+    made, init = [], Recipe.__init__
+
+    def watched(self, *args):
+        init(self, *args)
+        made.append(weakref.ref(self))
+    Recipe.__init__ = watched
+    try:
+        yield made
+    finally:
+        Recipe.__init__ = init
+
+
+PLAN_BACKENDS = (None, "eager", "python", "c")   # None: the eager engine
+
+
+def check_plan(seed, backends=PLAN_BACKENDS, dtype=np.float64, variant=None):
+    """Messages for every difference between program ``seed`` (under ``variant``,
+    default its own) run under memory plans (``plans``) and without, on each
+    backend (None: the eager engine): gradients (bit for bit but on "c",
+    ``PLAN_TOL``), errors, hook calls, custom backward calls; the plan "all" runs
+    its backward inside ``with plan:``, the last plan runs a backward with
+    retain_graph=True and a second one. Recipes left alive after a backward are
+    reported too (a leak, or a reference cycle: the garbage collector is off
+    meanwhile). A compiled backend runs each twice: its first backward of a graph
+    with custom Functions runs eagerly, the second runs the graph, whose hooks
+    run in the graph's order (checked there)."""
+    variant = variant or PLAN_VARIANTS[seed % len(PLAN_VARIANTS)]
+    prog = generate(seed)
+    rng = np.random.default_rng([seed, 8])
+    replay = Replay(prog, "ca", dtype, variant, log=[])
+    problems = []
+    try:
+        planned = plans(replay, rng)
+    except Exception as e:   # noqa: BLE001
+        if isinstance(_planned_run(replay, None, None)[0], Exception):
+            return []   # (nothing to plan: the backward fails, or no_grad made the loss)
+        return [f"planning raised {type(e).__name__}: {e}"]
+    for backend in backends:
+        runs = 1 if backend is None else 2
+        for k, (name, plan) in enumerate([(None, None)] + planned):
+            twice = k == len(planned)
+            if plan is None:
+                refs = [_planned_run(replay, None, backend) for _ in range(runs)]
+                continue
+            if twice:
+                refs = [_planned_run(replay, None, backend, True) for _ in range(runs)]
+            for run_i, want in enumerate(refs):
+                enabled = gc.isenabled()
+                gc.disable()
+                try:
+                    with _watching_recipes() as made:
+                        # (the plan that recomputes all: its backward runs inside it)
+                        got = _planned_run(replay, plan, backend, twice,
+                                           inside=name == "all")
+                    replay.pool = None
+                    left = sum(1 for r in made if r() is not None)
+                finally:
+                    if enabled:
+                        gc.enable()
+                where = (f"{'engine' if backend is None else f'backend {backend!r}'}, plan "
+                         f"{name}{' (backward twice)' if twice else ''}"
+                         f"{', second call' if run_i else ''}")
+                problems += _plan_differences(where, got, want, backend, run_i == runs - 1)
+                if left:
+                    problems.append(f"{where}: {left} of {len(made)} recipes alive after "
+                                    "the backward")
+    return problems
+
+
+def _plan_differences(where, got, want, backend, hook_order):
+    if isinstance(want[0], Exception) or isinstance(got[0], Exception):
+        w, g = (f"{type(r).__name__}: {r}" if isinstance(r, Exception) else "gradients"
+                for r in (want[0], got[0]))
+        return [] if w == g else [f"{where}: {g} where without a plan: {w}"]
+    out = []
+    tol = PLAN_TOL.get(backend)
+    diff = compare_bits(got[0], want[0]) if tol is None else compare(got[0], want[0], *tol)
+    if diff:
+        out.append(f"{where}: {diff}")
+    logs = (got[1], want[1]) if hook_order else (sorted(got[1]), sorted(want[1]))
+    if logs[0] != logs[1]:
+        out.append(f"{where}: hooks ran {logs[0]}, without a plan {logs[1]}")
+    if got[2] != want[2]:
+        out.append(f"{where}: custom backwards ran {got[2]} times, without a plan {want[2]}")
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=200)
@@ -400,6 +654,8 @@ def main(argv=None):
     parser.add_argument("--unpack", default="progressive", choices=("progressive", "upfront"))
     parser.add_argument("--dynamic", action="store_true",
                         help="run each program at three sizes (check_dynamic) instead")
+    parser.add_argument("--plans", action="store_true",
+                        help="run each program under memory plans (check_plan) instead")
     args = parser.parse_args(argv)
     dtype = np.float32 if args.dtype == "float32" else np.float64
     backends = tuple(args.backends.split(","))
@@ -407,7 +663,10 @@ def main(argv=None):
     for seed in range(args.start, args.start + args.count):
         variant = VARIANTS[seed % len(VARIANTS)]
         try:
-            if args.dynamic:
+            if args.plans:
+                variant = PLAN_VARIANTS[seed % len(PLAN_VARIANTS)]
+                problems = check_plan(seed, (None,) + backends, dtype)
+            elif args.dynamic:
                 problems = check_dynamic(seed, variant, backends, dtype)
             else:
                 problems = check(seed, variant, backends, dtype, args.torch, args.unpack)

@@ -2,13 +2,17 @@
 for a memory budget. Gradients under a plan equal those without it; the predicted
 peak is the measured one, to the byte; the planner's cost is compared with the
 exhaustive optimum on small graphs; a plan adds no Python call on "c"."""
+import contextlib
+import gc
 import itertools
+import weakref
 
 import numpy as np
 import pytest
 
 import compiled_autograd as ca
 from codegen.c_run import CBackward
+from compiled_autograd.autograd.recipe import Kept
 from compiled_autograd.examples import build
 from compiled_autograd.planning.plan import MemoryPlan
 from compiled_autograd.planning.profile import profile_for_planning
@@ -452,6 +456,17 @@ def test_a_backward_inside_the_plans_context(backend, inside):
     _assert_same(_leaf_grads(fn, [w], plan, backend, inside=True), want, backend)
 
 
+def test_dropout_of_a_0d_tensor_under_memory_accounting():
+    # Its mask was a numpy scalar, not an array: ca.memory.profile() (and so
+    # plan_checkpoints, which profiles) raised "cannot create weak reference to
+    # 'numpy.float32' object".
+    x = ca.tensor(2.0, requires_grad=True)
+    with ca.memory.profile(tracemalloc_witness=False):
+        y = F.dropout(x * 1.0, 0.3)
+    assert type(y._data) is np.ndarray and y.shape == ()
+    y.backward()
+    assert x.grad.item() in (0.0, np.float32(1 / 0.7))
+
 def test_values_saved_as_they_are_are_freed_after_their_last_use_in_the_prediction():
     # A value written in place is saved as it is, and the forward's own
     # saved-tensor hooks hold what they pack: the backward frees both after
@@ -531,3 +546,102 @@ def test_what_a_plan_keeps_goes_through_the_hooks_around_it(backend):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
         else:
             assert np.array_equal(g, e)
+
+
+# ------------------------------------------------- the bundled models, more ways
+
+def _run(ex, plan, backend, how="backward"):
+    """The parameters' gradients of one forward (under ``plan`` unless None) and
+    backward: "backward", "twice" (retain_graph=True, then again: accumulated)
+    or "grad" (ca.autograd.grad of the loss, .grad untouched)."""
+    ex.zero_grad()
+    params = ex.parameters()
+    with plan if plan is not None else contextlib.nullcontext():
+        loss = ex.loss()
+    with ca.compiled_backward(backend=backend) if backend != "eager" \
+            else contextlib.nullcontext():
+        if how == "grad":
+            grads = ca.autograd.grad(loss, params)
+            assert all(p.grad is None for p in params)
+            return [g.numpy().copy() for g in grads]
+        if how == "twice":
+            loss.backward(retain_graph=True)
+        loss.backward()
+    return _grads(ex)
+
+
+def _assert_grads_equal(got, want, backend):
+    for g, e in zip(got, want):
+        if backend == "c":
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        else:
+            assert np.array_equal(g, e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["twice", "grad"])
+def test_a_second_backward_and_autograd_grad_under_a_plan(backend, how):
+    ex = build("mlp", **SMALL_MLP)
+    want = _run(ex, None, backend, how)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.75)
+    assert plan.recomputed
+    _assert_grads_equal(_run(ex, plan, backend, how), want, backend)
+
+
+@pytest.mark.parametrize("sizes", [dict(checkpoint="layer"), dict(checkpoint="selective"),
+                                   dict(offload=True)], ids=["layer", "selective", "offload"])
+def test_plans_over_checkpointed_and_offloaded_models(sizes):
+    # A budget of 1.0 fits (recomputing nothing is the run without a plan): the
+    # simulation, blind to a checkpoint's saved inputs and a selective
+    # checkpoint's cache, put the peak of keeping everything at 1.03 and 1.49 of
+    # the measured one, and plan_checkpoints raised "no plan fits".
+    ex = build("transformer", **SMALL_TRANSFORMER, **sizes)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=1.0)
+    assert plan.predicted_peak_bytes <= plan.baseline_peak_bytes
+    forced = ca.memory.plan_checkpoints(ex.loss, budget=1.0)
+    forced._recompute = frozenset(v.index for v in forced.profile.values)
+    for backend in ("eager", "python"):   # ("c": in the random programs, for time)
+        want = _run(ex, None, backend)
+        for p in (plan, forced):
+            _assert_grads_equal(_run(ex, p, backend), want, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_plans_recipes_and_kept_arrays_are_freed_with_the_graph(backend, retain):
+    # No reference cycle (the collector is off): after a backward without
+    # retain_graph, or once the loss is dropped, every recipe and every kept
+    # array that is not a parameter or an input is freed.
+    from fuzz_programs import _watching_recipes
+    ex = build("mlp", **SMALL_MLP)
+    plan = ca.memory.plan_checkpoints(ex.loss, budget=0.75)
+    forced = _forced_plan(ex.loss, keep=("linear",))   # (the activations read them)
+    outside = {id(t._data) for t in ex.parameters() + list(ex.inputs.values())}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for p in (plan, forced):
+            ex.zero_grad()
+            with _watching_recipes() as made:
+                with p:
+                    loss = ex.loss()
+            kept = [weakref.ref(k.data) for r in made if r() is not None for k in r().inputs
+                    if type(k) is Kept and id(k.data) not in outside]
+            assert made and (kept or p is plan)
+            _backward_retaining(loss, backend, retain)
+            if retain:
+                assert any(r() is not None for r in made)   # (the graph is alive)
+                del loss
+            assert not [r for r in made if r() is not None]
+            assert not [k for k in kept if k() is not None]
+            if not retain:
+                del loss
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _backward_retaining(loss, backend, retain):
+    with ca.compiled_backward(backend=backend) if backend != "eager" \
+            else contextlib.nullcontext():
+        loss.backward(retain_graph=retain)

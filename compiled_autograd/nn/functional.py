@@ -81,7 +81,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return input
     keep = _random.generator().random(input.shape) >= p
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    mask_data = (keep * scale).astype(input.dtype)
+    mask_data = np.asarray(keep * scale, dtype=input.dtype)   # (0-d: an array too)
     on_array(mask_data, "dropout_mask")
     mask = Tensor._make(mask_data)
     return input.mul_(mask) if inplace else input * mask

@@ -197,7 +197,13 @@ def simulate(profile, recompute) -> Simulation:
         backward_peak = max(backward_peak, start - released + step.peak_bytes)
         released += freed_after.get(step.index, 0)
     done = [i for i in recompute if i in node_of]
-    return Simulation(frozenset(done), kept, max(forward_peak, backward_peak), forward_peak,
+    peak = max(forward_peak, backward_peak)
+    if not done and profile.baseline_peak:
+        # Recomputing nothing is the run without a plan, whose peak was measured
+        # (what the simulation does not see -- a selective checkpoint's cache, a
+        # checkpoint's saved inputs -- is in it): a budget of 1.0 always fits.
+        peak = profile.baseline_peak
+    return Simulation(frozenset(done), kept, peak, forward_peak,
                       backward_peak, sum(values[i].cost for i in done),
                       sum(values[i].flops for i in done), graph, schedule, node_of, start,
                       freed_after)
