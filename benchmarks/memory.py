@@ -43,6 +43,10 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _mb(n) -> str:
     return f"{n / 2**20:.2f} MB"
 
@@ -58,34 +62,38 @@ def _smallest(e) -> str:
 
 
 def print_rows(rows, base):
-    print(f"{'policy':<24} {'peak (accounting)':>17} {'(tracemalloc)':>13} {'vs none':>7} "
-          f"{'recompute':>12} {'planning':>9} " + " ".join(f"{b:>8}" for b in BACKENDS))
+    print(f"{'':<24} {'peak, python':>23} {'':>8} {'peak, c':>9} {'recompute':>9} "
+          f"{'':>8} {'backward (median)':>26}")
+    print(f"{'policy':<24} {'accounting':>11} {'tracemalloc':>11} {'vs none':>8} "
+          f"{'accounting':>10} {'GFLOP':>8} {'planning':>8} "
+          + " ".join(f"{b:>8}" for b in BACKENDS))
     for r in rows:
         planning = f"{r.plan.planning_seconds:.2f}s" if r.is_plan else "-"
-        print(f"{r.label:<24} {_mb(r.peak):>17} {_mb(r.witness_peak):>13} "
-              f"{r.peak / base:>7.3f} {r.flops / 1e9:>8.3f} GFL {planning:>9} "
-              + " ".join(f"{_ms(r.times[b]):>8}" for b in BACKENDS))
+        print(f"{r.label:<24} {_mb(r.peak):>11} {_mb(r.witness_peak):>11} "
+              f"{r.peak / base:>8.3f} {_mb(r.other_peaks['c']):>10} {r.flops / 1e9:>8.3f} "
+              f"{planning:>8} " + " ".join(f"{_ms(r.times[b]):>8}" for b in BACKENDS))
 
 
 def run_model(name, sizes, reps, svg_dir):
     print(f"{name} {sizes}")
-    print(f"peaks: forward+backward under ca.memory.profile(), compiled \"python\", the run "
-          f"after a warm one, every .grad None; backward: median of {reps} (forward untimed)")
-    hands = {key: hand_row(name, sizes, key, BACKENDS, reps, witness=True)
-             for key, _, _ in HAND_POLICIES}
+    print("peaks: forward+backward under ca.memory.profile(), backward compiled on \"python\" "
+          "(the budgets' measure) or \"c\", the run after a warm one, every .grad None; "
+          f"recompute: FLOPs measured; backward: median of {reps}, forward untimed")
+    measure = dict(backends=BACKENDS, reps=reps, witness=True, peak_backends=("c",))
+    hands = {key: hand_row(name, sizes, key, **measure) for key, _, _ in HAND_POLICIES}
     base = hands["none"].peak
     ex = build(name, **sizes)
     plans, unreachable = [], {}
     for budget in BUDGETS:
         try:
-            plans.append(plan_row(ex, budget, "knapsack", BACKENDS, reps, witness=True,
-                                  label=f"plan, budget {budget:.1f}"))
+            plans.append(plan_row(ex, budget, "knapsack", label=f"plan, budget {budget:.1f}",
+                                  **measure))
         except Unreachable as e:
             unreachable[budget] = _smallest(e)
     layer = hands["layer"]
     try:
-        at_layer = plan_row(ex, layer.peak, "knapsack", BACKENDS, reps, witness=True,
-                            key="plan @layer", label="plan, per-layer's peak")
+        at_layer = plan_row(ex, layer.peak, "knapsack", label="plan, per-layer's peak",
+                            **measure)
     except Unreachable as e:
         at_layer, unreachable["per-layer's peak"] = None, _smallest(e)
     rows = list(hands.values()) + sorted(plans + ([at_layer] if at_layer else []),
@@ -107,7 +115,8 @@ def run_model(name, sizes, reps, svg_dir):
     compare_formulations(ex, {r.budget: r for r in plans}, unreachable)
     check_claims(hands, planned, at_layer, unreachable)
     path = Path(svg_dir) / f"memory_pareto_{name}.svg"
-    path.write_text(pareto_svg(f"{name} {sizes}", hands, planned, base))
+    title = f"{name}: " + ", ".join(f"{k}={v}" for k, v in sizes.items())
+    path.write_text(pareto_svg(title, hands, planned, base))
     print(f"wrote {os.path.relpath(path, Path.cwd())}")
     t = accounting_overhead(name, sizes, reps)
     print(f"forward+backward (eager): {t['plain'] * 1e3:.1f} ms plain, "
@@ -165,59 +174,70 @@ def check_claims(hands, planned, at_layer, unreachable):
     print(f"(c) on \"c\", at per-layer checkpointing's peak ({layer.peak:,} B): plan "
           f"{_ms(a)} (peak {at_layer.peak:,} B, {at_layer.flops / 1e9:.3f} GFLOP recomputed), "
           f"per-layer {_ms(b)} ({layer.flops / 1e9:.3f} GFLOP): plan/per-layer {a / b:.2f} "
-          f"({'faster' if a < b else 'NOT faster'})")
+          f"({'faster' if a < b else 'NOT faster'}); their peaks measured on \"c\": plan "
+          f"{at_layer.other_peaks['c']:,} B, per-layer {layer.other_peaks['c']:,} B")
 
 
 def pareto_svg(title, hands, planned, base) -> str:
     """Measured peak (x) against backward time on "c" (y): the plans joined by a
-    line, the hand policies as labelled squares. Standalone SVG, no scripts."""
-    w, h, left, right, top, bottom = 640, 400, 64, 150, 36, 48
-    points = [(r.peak, r.times["c"]) for r in list(hands.values()) + planned]
-    x_max = max(p for p, _ in points) * 1.05
-    y_max = max(t for _, t in points) * 1.1
+    line, the hand policies as labelled squares; filled, the peak measured with the
+    backward on "python" (what budgets refer to), hollow and dashed, on "c".
+    A standalone SVG: no scripts, no fonts or styles from outside."""
+    w, h, left, right, top, bottom = 680, 420, 60, 170, 40, 50
+    rows = list(hands.values()) + planned
+    x_max = max(max(r.peak, r.other_peaks["c"]) for r in rows) * 1.05
+    y_max = max(r.times["c"] for r in rows) * 1.1
 
-    def x(v):
-        return left + v / x_max * (w - left - right)
+    def x(nbytes):
+        return left + nbytes / x_max * (w - left - right)
 
-    def y(v):
-        return h - bottom - v / y_max * (h - top - bottom)
+    def y(seconds):
+        return h - bottom - seconds / y_max * (h - top - bottom)
+
+    def text(px, py, s, anchor="start", extra=""):
+        s = s.replace("&", "&amp;").replace("<", "&lt;")
+        return f'<text x="{px:.1f}" y="{py:.1f}" text-anchor="{anchor}"{extra}>{s}</text>'
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
            f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
            f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{left}" y="20" font-size="13">{title}</text>',
-           f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" '
-           'stroke="black"/>',
-           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>']
-    for k in range(6):
-        mb = x_max / 2**20 * k / 5
-        ms = y_max * 1e3 * k / 5
-        out.append(f'<text x="{x(mb * 2**20):.1f}" y="{h - bottom + 16}" '
-                   f'text-anchor="middle">{mb:.1f}</text>')
-        out.append(f'<text x="{left - 6}" y="{y(ms / 1e3) + 4:.1f}" '
-                   f'text-anchor="end">{ms:.0f}</text>')
-        out.append(f'<line x1="{left}" y1="{y(ms / 1e3):.1f}" x2="{w - right}" '
-                   f'y2="{y(ms / 1e3):.1f}" stroke="#ddd"/>')
-    out.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">'
-               f'measured peak of forward+backward, MB (no checkpointing: '
-               f'{base / 2**20:.2f} MB)</text>')
-    out.append(f'<text x="16" y="{(top + h - bottom) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 16 {(top + h - bottom) / 2})">backward on "c", ms '
-               '(median)</text>')
-    line = sorted((r.peak, r.times["c"]) for r in planned)
-    out.append('<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="'
-               + " ".join(f"{x(p):.1f},{y(t):.1f}" for p, t in line) + '"/>')
-    out += [f'<circle cx="{x(p):.1f}" cy="{y(t):.1f}" r="3.5" fill="#1f77b4"/>'
-            for p, t in line]
+           text(left, 22, title, extra=' font-size="13"')]
+    for k in range(6):   # ticks and grid
+        nbytes, seconds = x_max * k / 5, y_max * k / 5
+        out.append(text(x(nbytes), h - bottom + 16, f"{nbytes / 2**20:.1f}", "middle"))
+        out.append(text(left - 6, y(seconds) + 4, f"{seconds * 1e3:.0f}", "end"))
+        out.append(f'<line x1="{left}" y1="{y(seconds):.1f}" x2="{w - right}" '
+                   f'y2="{y(seconds):.1f}" stroke="#ddd"/>')
+    out.append(f'<path d="M{left},{top} V{h - bottom} H{w - right}" fill="none" stroke="black"/>')
+    out.append(text((left + w - right) / 2, h - 14, "peak of forward+backward, MB (no "
+                    f"checkpointing, python: {base / 2**20:.2f} MB)", "middle"))
+    mid = (top + h - bottom) / 2
+    out.append(text(16, mid, 'backward on "c", ms (median)', "middle",
+                    f' transform="rotate(-90 16 {mid:.1f})"'))
+    blue, red = "#1f77b4", "#d62728"
+    for backend, dash, fill in (("c", ' stroke-dasharray="5,4"', "white"),
+                                ("python", "", blue)):
+        line = sorted((r.peak if backend == "python" else r.other_peaks["c"], r.times["c"])
+                      for r in planned)
+        out.append(f'<polyline fill="none" stroke="{blue}" stroke-width="1.5"{dash} points="'
+                   + " ".join(f"{x(p):.1f},{y(t):.1f}" for p, t in line) + '"/>')
+        out += [f'<circle cx="{x(p):.1f}" cy="{y(t):.1f}" r="3.5" fill="{fill}" '
+                f'stroke="{blue}"/>' for p, t in line]
     for r in hands.values():
-        px, py = x(r.peak), y(r.times["c"])
-        out.append(f'<rect x="{px - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" '
-                   'fill="#d62728"/>')
-        out.append(f'<text x="{px + 7:.1f}" y="{py + 4:.1f}">{r.label}</text>')
-    lx = w - right + 14
-    out.append(f'<circle cx="{lx}" cy="{top + 6}" r="3.5" fill="#1f77b4"/>'
-               f'<text x="{lx + 8}" y="{top + 10}">plan_checkpoints</text>')
-    out.append(f'<rect x="{lx - 4}" y="{top + 20}" width="8" height="8" fill="#d62728"/>'
-               f'<text x="{lx + 8}" y="{top + 28}">hand policy</text>')
+        py = y(r.times["c"])
+        out.append(f'<rect x="{x(r.other_peaks["c"]) - 4:.1f}" y="{py - 4:.1f}" width="8" '
+                   f'height="8" fill="white" stroke="{red}"/>')
+        out.append(f'<rect x="{x(r.peak) - 4:.1f}" y="{py - 4:.1f}" width="8" height="8" '
+                   f'fill="{red}"/>')
+        out.append(text(x(r.peak) + 7, py - 6, r.label))
+    lx = w - right + 16
+    for i, (shape, label) in enumerate((
+            (f'<circle cx="{lx}" cy="{top + 6}" r="3.5" fill="{blue}"/>', "plan_checkpoints"),
+            (f'<rect x="{lx - 4}" y="{top + 22}" width="8" height="8" fill="{red}"/>',
+             "hand policy"),
+            ("", "filled: peak measured"), ("", 'on "python"'),
+            (f'<rect x="{lx - 4}" y="{top + 70}" width="8" height="8" fill="white" '
+             f'stroke="{red}"/>', 'hollow, dashed: on "c"'))):
+        out.append(shape + text(lx + 10, top + 10 + 16 * i, label))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -247,9 +267,11 @@ def main():
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--svg-dir", default=str(DOCS))
     args = parser.parse_args()
-    print(f"machine: {_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}\n")
+    print(f"machine: {_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"load average {_load()}\n")
     for name, sizes in MODELS.items():
         run_model(name, sizes, args.reps, args.svg_dir)
+    print(f"load average at the end {_load()}")
 
 
 if __name__ == "__main__":
