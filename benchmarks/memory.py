@@ -58,7 +58,8 @@ def _ms(s) -> str:
 def _smallest(e) -> str:
     """The planner's reason, briefly: the smallest peak it reaches."""
     tail = str(e).split("the smallest peak a plan reaches is ", 1)[1]
-    return "unreachable: the smallest peak a plan reaches is " + tail.split(". Use")[0]
+    return (f"unreachable: the smallest peak a plan reaches is {tail.split('. Use')[0]} "
+            f"(said after {e.seconds:.2f} s, profiling included)")
 
 
 def print_rows(rows, base):
@@ -140,9 +141,8 @@ def compare_formulations(ex, knapsack, unreachable):
                 cells.append(f"{_mb(r.peak):>9} {r.flops / 1e9:>8.3f} GFL "
                              f"{r.plan.planning_seconds:>6.2f}s")
             except Unreachable as e:
-                reason = str(e)
-                cells.append("unreachable (smallest " + reason.split(" is ", 1)[1]
-                             .split(" bytes")[0] + " B)" if " is " in reason else reason)
+                smallest = str(e).split("reaches is ", 1)[1].split(" bytes")[0]
+                cells.append(f"unreachable (smallest {smallest} B)")
         print(f"{budget:>6.1f}  {cells[0]:>33}  {cells[1]:>33}")
 
 
@@ -267,8 +267,9 @@ def main():
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--svg-dir", default=str(DOCS))
     args = parser.parse_args()
-    print(f"machine: {_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"load average {_load()}\n")
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
+    print(f"machine: {_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"OPENBLAS_NUM_THREADS={threads}; load average {_load()}\n")
     for name, sizes in MODELS.items():
         run_model(name, sizes, args.reps, args.svg_dir)
     print(f"load average at the end {_load()}")

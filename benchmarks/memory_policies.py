@@ -168,18 +168,24 @@ def hand_row(name, sizes, key, backends=(), reps=0, witness=False, peak_backends
 
 
 class Unreachable(Exception):
-    """The planner found no plan for the budget (its message says the smallest peak)."""
+    """The planner found no plan for the budget (its message says the smallest peak);
+    ``seconds``: how long plan_checkpoints took to say so (profiling included)."""
+
+    def __init__(self, message, seconds=0.0):
+        super().__init__(message)
+        self.seconds = seconds
 
 
 def plan_row(ex, budget, formulation="knapsack", backends=(), reps=0, witness=False,
              key=None, label=None, peak_backends=()) -> Row:
     """Plan ``ex.loss`` for ``budget`` and measure the plan as ``hand_row`` does."""
+    start = time.perf_counter()
     try:
         plan = ca.memory.plan_checkpoints(ex.loss, budget=budget, formulation=formulation)
     except RuntimeError as e:
         if "no plan fits" not in str(e):
             raise
-        raise Unreachable(str(e)) from None
+        raise Unreachable(str(e), time.perf_counter() - start) from None
     prof, counted = measure_peak(ex, plan, witness=witness)
     flops, _ = plan_graph_flops(plan, ex)
     if flops != plan.recompute_flops:
