@@ -57,8 +57,8 @@ def _ms(s) -> str:
 
 def _smallest(e) -> str:
     """The planner's reason, briefly: the smallest peak it reaches."""
-    tail = str(e).split("the smallest peak a plan reaches is ", 1)[1]
-    return (f"unreachable: the smallest peak a plan reaches is {tail.split('. Use')[0]} "
+    tail = str(e).split("the smallest peak the planner reaches is ", 1)[1]
+    return (f"unreachable: the smallest peak the planner reaches is {tail.split('. Use')[0]} "
             f"(said after {e.seconds:.2f} s, profiling included)")
 
 

@@ -182,7 +182,7 @@ def plan_row(ex, budget, formulation="knapsack", backends=(), reps=0, witness=Fa
     start = time.perf_counter()
     try:
         plan = ca.memory.plan_checkpoints(ex.loss, budget=budget, formulation=formulation)
-    except RuntimeError as e:
+    except ValueError as e:
         if "no plan fits" not in str(e):
             raise
         raise Unreachable(str(e), time.perf_counter() - start) from None

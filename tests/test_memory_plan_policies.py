@@ -46,7 +46,7 @@ def test_plans_fit_their_budget_and_are_not_dominated_by_hand_checkpointing(name
     ex = build(name, **sizes)
     # The lowest budget is out of reach; the planner names the smallest peak it
     # reaches, and every budget from there on must be planned.
-    with pytest.raises(mp.Unreachable, match="the smallest peak a plan reaches is") as e:
+    with pytest.raises(mp.Unreachable, match="the smallest peak the planner reaches is") as e:
         mp.plan_row(ex, min(mp.BUDGETS))
     smallest = int(str(e.value).split("reaches is ")[1].split(" bytes")[0].replace(",", ""))
     base = hands["none"].peak
