@@ -582,3 +582,39 @@ def test_disabled_saved_tensor_hooks_inside_a_plan():
     with pytest.raises(RuntimeError, match="no hooks here"):   # (a user's still fail)
         with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             fn()
+
+
+def test_a_plan_does_not_record_another_threads_prims():
+    # Prim calls are intercepted process-wide: another thread's forward, while a
+    # plan's runs, was taken for the plan's ("this forward is not the one the
+    # plan was made for: its prim call #1 is mul on shapes [5, 5]").
+    import threading
+    w, x = _parts()
+
+    def fn():
+        return F.linear(x, w).tanh().exp().sum()
+    want = _leaf_grads(fn, [w])
+    plan = _forced_plan(fn)
+    v = ca.tensor(np.linspace(0, 1, 25).reshape(5, 5), requires_grad=True)
+    inside, done, errors = threading.Event(), threading.Event(), []
+
+    def other():
+        inside.wait()
+        try:
+            (v * 2.0).sin().sum().backward()
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+        done.set()
+    thread = threading.Thread(target=other)
+    thread.start()
+    w.grad = None
+    with plan:
+        h = F.linear(x, w)
+        inside.set()
+        done.wait(30)
+        loss = h.tanh().exp().sum()
+    loss.backward()
+    thread.join()
+    assert not errors
+    np.testing.assert_allclose(v.grad.numpy(), 2.0 * np.cos(2.0 * v.detach().numpy()), rtol=1e-6)
+    _assert_same([w.grad.numpy()], want, "eager")

@@ -19,6 +19,7 @@ the tracer of a compiled backward turns it into prim nodes of the graph instead
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -106,9 +107,11 @@ class RecipeRecorder:
         self.recompute = recompute
         self.on_call, self.on_made = on_call, on_made
         self.count = 0
-        # The backward running where the forward runs (None, mostly): prims that
-        # a backward inside ``with plan:`` calls (a custom Function's backward, a
-        # hook, a checkpoint's recomputation) are not the forward's.
+        # The thread of the forward and the backward running there (None,
+        # mostly): prims that other threads call, or that a backward inside
+        # ``with plan:`` calls (a custom Function's backward, a hook, a
+        # checkpoint's recomputation), are not the forward's.
+        self._thread = threading.get_ident()
         self._task = engine.current_graph_task()
         # id(root storage) -> weak references to the Kept inputs that read it
         self._kept: dict = {}
@@ -120,6 +123,8 @@ class RecipeRecorder:
     # ---------------------------------------------------- the dispatch interceptor
 
     def __call__(self, prim, arrays, params):
+        if threading.get_ident() != self._thread:
+            return run_kernel(prim, arrays, params)
         if engine.current_graph_task() is not self._task:
             self._pending = None
             return run_kernel(prim, arrays, params)
@@ -132,7 +137,7 @@ class RecipeRecorder:
         return out
 
     def observe(self, result, args):
-        if self._pending is None:
+        if self._pending is None or threading.get_ident() != self._thread:
             return
         index, prim, arrays, params = self._pending
         self._pending = None
@@ -172,6 +177,8 @@ class RecipeRecorder:
         read instead. (The forward without the plan saved nothing of it, or it
         would fail the same way; the plan must not make it fail.) After the
         forward, a write fails the version check of ``Kept.read`` instead."""
+        if threading.get_ident() != self._thread:
+            return
         refs = self._kept.get(id(_root(tensor._data)))
         if not refs:
             return
