@@ -645,3 +645,96 @@ def _backward_retaining(loss, backend, retain):
     with ca.compiled_backward(backend=backend) if backend != "eager" \
             else contextlib.nullcontext():
         loss.backward(retain_graph=retain)
+
+
+def test_hooks_around_a_plan_get_the_values_it_keeps():
+    # Saved-tensor hooks around ``with plan:`` (save_on_disk, a user's): the
+    # values the plan does not recompute are theirs, as without the plan. The
+    # plan's pack saved them as they are instead, past the hooks.
+    w, x = _parts()
+
+    def fn():
+        return F.linear(x, w).tanh().exp().sum()
+    calls = []
+
+    def hooks():
+        return ca.autograd.graph.saved_tensors_hooks(
+            lambda t: calls.append("pack") or t, lambda t: calls.append("unpack") or t)
+    with hooks():
+        loss = fn()
+    loss.backward()
+    want, calls[:] = list(calls), []
+    keep_all = ca.memory.plan_checkpoints(fn, budget=1.0)
+    assert not keep_all.recomputed
+    with hooks():
+        with keep_all:
+            loss = fn()
+    loss.backward()
+    assert calls == want == ["pack"] * 3 + ["unpack"] * 3
+    calls[:] = []
+    forced = _forced_plan(fn, keep=("linear",))   # (tanh and exp: recipes, not packed)
+    with hooks():
+        with forced:
+            loss = fn()
+    loss.backward()
+    assert calls == ["pack", "unpack"]
+    for backend in BACKENDS:
+        want = _leaf_grads(fn, [w], None, backend)
+        with ca.autograd.graph.save_on_disk():
+            _assert_same(_leaf_grads(fn, [w], forced, backend), want, backend)
+
+
+def test_disabled_saved_tensor_hooks_inside_a_plan():
+    # A forward that disables saved-tensor hooks for a stretch (against a user's
+    # hooks) runs under a plan: a plan's recipes are not a user's hooks. It
+    # raised the forward's own message, in plan_checkpoints.
+    w, x = _parts()
+
+    def fn():
+        h = F.linear(x, w)
+        with ca.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+            h = h.tanh().exp()
+        return h.sum()
+    want = _leaf_grads(fn, [w])
+    plan = ca.memory.plan_checkpoints(fn, budget=1.0)
+    _assert_same(_leaf_grads(fn, [w], plan), want, "eager")
+    _assert_same(_leaf_grads(fn, [w], _forced_plan(fn)), want, "eager")
+    with pytest.raises(RuntimeError, match="no hooks here"):   # (a user's still fail)
+        with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            fn()
+
+
+def test_a_plan_does_not_record_another_threads_prims():
+    # Prim calls are intercepted process-wide: another thread's forward, while a
+    # plan's runs, was taken for the plan's ("this forward is not the one the
+    # plan was made for: its prim call #1 is mul on shapes [5, 5]").
+    import threading
+    w, x = _parts()
+
+    def fn():
+        return F.linear(x, w).tanh().exp().sum()
+    want = _leaf_grads(fn, [w])
+    plan = _forced_plan(fn)
+    v = ca.tensor(np.linspace(0, 1, 25).reshape(5, 5), requires_grad=True)
+    inside, done, errors = threading.Event(), threading.Event(), []
+
+    def other():
+        inside.wait()
+        try:
+            (v * 2.0).sin().sum().backward()
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+        done.set()
+    thread = threading.Thread(target=other)
+    thread.start()
+    w.grad = None
+    with plan:
+        h = F.linear(x, w)
+        inside.set()
+        done.wait(30)
+        loss = h.tanh().exp().sum()
+    loss.backward()
+    thread.join()
+    assert not errors
+    np.testing.assert_allclose(v.grad.numpy(), 2.0 * np.cos(2.0 * v.detach().numpy()), rtol=1e-6)
+    _assert_same([w.grad.numpy()], want, "eager")

@@ -29,7 +29,7 @@ import weakref
 import numpy as np
 
 from compiled_autograd.autograd import hooks
-from compiled_autograd.autograd.saved_hooks import current_hooks, outer_hooks
+from compiled_autograd.autograd.saved_hooks import current_hooks, hooks_below
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
 from runtime import memory as _rt_memory
 from runtime.memory import on_array
@@ -398,13 +398,15 @@ class SavedVariable:
         hooks = current_hooks()
         if hooks is not None:
             # A memory plan's pack (kind "recipe") saves the values it recomputes
-            # as their recipes; every other value (None) as it is, or through the
-            # saved-tensor hooks around the plan.
-            packed = hooks[0](tensor) if hooks[2] == "recipe" else _PACK
-            outer = outer_hooks() if packed is None else None
-            if outer is not None and outer[2] != "recipe":
-                hooks, packed = outer, _PACK
-            if packed is not None:
+            # as their recipes; every other value (None) goes to the hooks under
+            # it, if any, or is saved as it is.
+            packed = _PACK
+            while hooks is not None and hooks[2] == "recipe":
+                packed = hooks[0](tensor)
+                if packed is not None:
+                    break
+                hooks, packed = hooks_below(hooks), _PACK
+            if hooks is not None:
                 self._init_hooked(tensor, is_output, hooks, packed)
                 if self.packed_kind == "recipe":
                     self._init_recipe(tensor, is_output, grad_fn_name)

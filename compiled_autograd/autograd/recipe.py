@@ -9,9 +9,13 @@ longer needs it. A recipe's inputs are other recipes (values recomputed too) or
 what a recomputation starts from.
 
 Prims are pure functions of their inputs, so a replay gives the forward's value
-bit for bit; randomness (dropout) lives outside prims, in masks that are kept. A
-kept array modified in place after it was recorded makes the replay wrong, so it is
-checked as a saved value is: its version must be the one it had.
+bit for bit; randomness (dropout) lives outside prims, in masks that are kept.
+In-place writes are what a replay cannot see. A value written in place since its
+prim made it is not that prim's value any more: it is saved as it is, and read as
+a kept array. A kept array written in place during the forward is copied first
+for the recipes that read it (``before_write``); written after the forward, it
+fails its version check as a saved value does. A value saved as its recipe and
+then written in place fails that check too, as it would without the plan.
 
 The eager engine evaluates a recipe when its saved value is unpacked (``value``);
 the tracer of a compiled backward turns it into prim nodes of the graph instead
@@ -178,6 +182,8 @@ class RecipeRecorder:
         read instead. (The forward without the plan saved nothing of it, or it
         would fail the same way; the plan must not make it fail.) After the
         forward, a write fails the version check of ``Kept.read`` instead."""
+        if threading.get_ident() != self._thread:
+            return
         refs = self._kept.get(id(_root(tensor._data)))
         if not refs:
             return

@@ -33,11 +33,14 @@ def current_hooks():
     return stack[-1] if stack else None
 
 
-def outer_hooks():
-    """The (pack, unpack, kind) triple under the innermost one, or None: where a
-    memory plan hands the values it keeps (its pack saves only recipes)."""
-    stack = getattr(_state, "stack", None)
-    return stack[-2] if stack and len(stack) > 1 else None
+def hooks_below(hooks):
+    """The triple under ``hooks`` (the innermost ``hooks`` on the stack), or None:
+    what a memory plan's pack (kind "recipe") hands a value it does not recompute."""
+    stack = _stack()
+    for i in range(len(stack) - 1, 0, -1):
+        if stack[i] is hooks:
+            return stack[i - 1]
+    return None
 
 
 class saved_tensors_hooks:
@@ -53,7 +56,9 @@ class saved_tensors_hooks:
 
     def __enter__(self):
         message = getattr(_state, "disabled", None)
-        if message is not None:
+        if message is not None and self.kind != "recipe":
+            # (a memory plan's are no user's hooks: they replace values by how to
+            # make them again, exactly; disabling hooks does not refuse them)
             raise RuntimeError(message)
         _stack().append((self.pack_hook, self.unpack_hook, self.kind))
         return self
@@ -70,7 +75,7 @@ class disable_saved_tensors_hooks:
         self.error_message = error_message
 
     def __enter__(self):
-        if current_hooks() is not None:
+        if any(hooks[2] != "recipe" for hooks in _stack()):
             raise RuntimeError(self.error_message)  # as torch: hooks already active
         self._prev = getattr(_state, "disabled", None)
         _state.disabled = self.error_message
