@@ -13,6 +13,7 @@ Writes one SVG per model (peak against backward time on "c") into docs/.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -178,6 +179,13 @@ def check_claims(hands, planned, at_layer, unreachable):
           f"{at_layer.other_peaks['c']:,} B, per-layer {layer.other_peaks['c']:,} B")
 
 
+def _ticks(top, most=8) -> list:
+    """Round tick values from 0 to ``top``: steps of 1, 2 or 5 times a power of ten."""
+    step = 10 ** math.floor(math.log10(top / most))
+    step *= next(m for m in (1, 2, 5, 10) if top / (step * m) <= most)
+    return [round(k * step, 10) for k in range(int(top / step) + 1)]
+
+
 def pareto_svg(title, hands, planned, base) -> str:
     """Measured peak (x) against backward time on "c" (y): the plans joined by a
     line, the hand policies as labelled squares; filled, the peak measured with the
@@ -201,12 +209,12 @@ def pareto_svg(title, hands, planned, base) -> str:
            f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
            f'<rect width="{w}" height="{h}" fill="white"/>',
            text(left, 22, title, extra=' font-size="13"')]
-    for k in range(6):   # ticks and grid
-        nbytes, seconds = x_max * k / 5, y_max * k / 5
-        out.append(text(x(nbytes), h - bottom + 16, f"{nbytes / 2**20:.1f}", "middle"))
-        out.append(text(left - 6, y(seconds) + 4, f"{seconds * 1e3:.0f}", "end"))
-        out.append(f'<line x1="{left}" y1="{y(seconds):.1f}" x2="{w - right}" '
-                   f'y2="{y(seconds):.1f}" stroke="#ddd"/>')
+    for mb in _ticks(x_max / 2**20):
+        out.append(text(x(mb * 2**20), h - bottom + 16, f"{mb:g}", "middle"))
+    for ms in _ticks(y_max * 1e3):
+        out.append(text(left - 6, y(ms / 1e3) + 4, f"{ms:g}", "end"))
+        out.append(f'<line x1="{left}" y1="{y(ms / 1e3):.1f}" x2="{w - right}" '
+                   f'y2="{y(ms / 1e3):.1f}" stroke="#ddd"/>')
     out.append(f'<path d="M{left},{top} V{h - bottom} H{w - right}" fill="none" stroke="black"/>')
     out.append(text((left + w - right) / 2, h - 14, "peak of forward+backward, MB (no "
                     f"checkpointing, python: {base / 2**20:.2f} MB)", "middle"))
