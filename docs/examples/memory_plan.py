@@ -35,17 +35,16 @@ for backend in ("python", "c"):
           f"{prof.peak_bytes:,} B (budget {plan.budget_bytes:,} B, no plan "
           f"{plan.baseline_peak_bytes:,} B)")
 
-# A plan for "c": the budget is a fraction of the peak measured on "c"; the
-# prediction is still the schedule of the Python backend (docs/memory.md, Limits).
-plan_c = ca.memory.plan_checkpoints(ex.loss, budget=0.7, backend="c")
-for run in range(2):
-    ex.zero_grad()
-    with ca.memory.profile(tracemalloc_witness=False) as prof:
-        with plan_c:
-            loss = ex.loss()
-        with ca.compiled_backward(backend="c"):
-            loss.backward()
-        del loss
-print(f"plan for c: predicted peak {plan_c.predicted_peak_bytes:,} B, measured on c "
-      f"{prof.peak_bytes:,} B (budget {plan_c.budget_bytes:,} B, no plan on c "
-      f"{plan_c.baseline_peak_bytes:,} B)")
+# A plan for "c": the budget is a fraction of the peak measured on "c", and the
+# plan is measured there (the C backend holds what it was handed, and its arena,
+# for the whole call: docs/memory.md, Limits); over the budget, it is planned again
+# for less, and a budget it cannot meet is refused.
+for budget in (0.7, 0.9):
+    try:
+        plan_c = ca.memory.plan_checkpoints(ex.loss, budget=budget, backend="c")
+    except ValueError as e:
+        print(f"plan for c, budget {budget}: {e}")
+        continue
+    print(f"plan for c, budget {budget}: predicted peak {plan_c.predicted_peak_bytes:,} B, "
+          f"measured on c {plan_c.measured_peak_bytes:,} B (budget {plan_c.budget_bytes:,} B, "
+          f"no plan on c {plan_c.baseline_peak_bytes:,} B)")

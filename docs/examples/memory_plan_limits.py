@@ -10,7 +10,7 @@ from compiled_autograd.planning.simulate import simulate
 ex = build("mlp", layers=16, width=256, batch=256, activation="gelu")
 try:
     ca.memory.plan_checkpoints(ex.loss, budget=0.55)
-except RuntimeError as e:
+except ValueError as e:
     print(str(e).split(": ", 1)[1])
 
 profile = profile_for_planning(ex.loss, (), {}, "python")
