@@ -271,8 +271,11 @@ class Replay:
         "offload_outside"): the values a plan keeps go to these hooks."""
         m = self.m
         if self.variant == "hooks_outside":
-            return m.autograd.graph.saved_tensors_hooks(self._logged("pack", lambda t: t),
-                                                        self._logged("unpack", lambda t: t))
+            # (detached: an output that a pack hook keeps as it is holds its grad_fn,
+            # which holds it -- a reference cycle, plan or not, that the check of
+            # recipes left alive would see)
+            return m.autograd.graph.saved_tensors_hooks(
+                self._logged("pack", lambda t: t.detach()), self._logged("unpack", lambda t: t))
         if self.variant == "offload_outside":
             return m.autograd.graph.save_on_disk()
         return contextlib.nullcontext()

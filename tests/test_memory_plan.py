@@ -738,3 +738,28 @@ def test_a_plan_does_not_record_another_threads_prims():
     assert not errors
     np.testing.assert_allclose(v.grad.numpy(), 2.0 * np.cos(2.0 * v.detach().numpy()), rtol=1e-6)
     _assert_same([w.grad.numpy()], want, "eager")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_amax_is_recomputed_with_its_input(backend):
+    # amax's backward finds the maxima by comparing its input with its output.
+    # Input recomputed, output kept: on "c" the input comes from C's tanh, the
+    # output from the forward's numpy tanh; where they differed by a rounding no
+    # element matched and the gradient was 0 / 0 (NaN). The output is now
+    # recomputed with its input (found by the plan variant of the random
+    # programs, program 1636 in float32).
+    rng = np.random.default_rng(3)
+    w = ca.tensor(rng.standard_normal((64, 64)) * 0.3, requires_grad=True, dtype=np.float64)
+    x = ca.tensor(rng.standard_normal((64, 64)), dtype=np.float64)
+
+    def fn():
+        h = F.linear(x, w).tanh()
+        return (h.amax(1) * h.sum(1)).sum()
+    plan = _forced_plan(fn, keep=("amax",))
+    assert any(r.prim == "amax" for r in plan.recomputed)   # (the planner knows it too)
+    with plan:
+        loss = fn()
+    assert "amax" in {n.target for n in ca.trace_backward(loss).graph.nodes
+                      if "recipe" in n.meta}
+    _assert_same(_leaf_grads(fn, [w], plan, backend), _leaf_grads(fn, [w], None, backend),
+                 backend)

@@ -148,13 +148,23 @@ class RecipeRecorder:
         self._pending = None
         data = result._data
         recipe = None
-        if self.recompute(index):
+        if self.recompute(index) or self._tied(prim, arrays):
             inputs = tuple(self._input(a, arr) for a, arr in zip(args, arrays))
             recipe = Recipe(prim, params, inputs, data.shape, data.dtype, index)
         counter = result._version_counter
         self._made[id(data)] = (weakref.ref(data), recipe, index, counter, counter.value)
         if self.on_made is not None:
             self.on_made(index, result, arrays)
+
+    def _tied(self, prim, arrays) -> bool:
+        """Whether one of the inputs ``prim``'s backward reads with its output is
+        recomputed (``saved_with_output``): then so is the output."""
+        for i in saved_with_output(prim):
+            if isinstance(arrays[i], np.ndarray):
+                entry = self._entry(arrays[i])
+                if entry is not None and entry[1] is not None:
+                    return True
+        return False
 
     def _entry(self, array):
         """What was recorded of ``array``, while it holds the value its prim call
@@ -247,3 +257,21 @@ def _root(array):
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array
+
+
+_SAVED_WITH_OUTPUT: dict = {}
+
+
+def saved_with_output(prim) -> tuple:
+    """The inputs ``prim``'s backward reads together with its output (amax: its
+    input, which it compares with the output; pow: both). The output of such a
+    prim is recomputed whenever one of them is: they must come from one
+    computation -- the "c" backend's kernels round otherwise than the forward's,
+    and a recomputed input next to the forward's amax matched none of its
+    elements (a gradient of 0 / 0)."""
+    out = _SAVED_WITH_OUTPUT.get(prim.name)
+    if out is None:
+        entries = [s[0] if isinstance(s, tuple) else s for s in prim.save]
+        out = _SAVED_WITH_OUTPUT[prim.name] = (
+            tuple(i for i in entries if type(i) is int) if "out" in entries else ())
+    return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from compiled_autograd.autograd.recipe import saved_with_output
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.schedule import memory_schedule
 from runtime.prims import PRIMS
@@ -64,8 +65,17 @@ class Simulation:
 
 
 def needed_values(profile, recompute) -> tuple[frozenset, frozenset]:
-    """(recomputed, kept): the values the backward needs, split by the plan."""
+    """(recomputed, kept): the values the backward needs, split by the plan. (The
+    output of a prim whose backward reads it with an input is recomputed with
+    that input, as the recorder does: ``recipe.saved_with_output``.)"""
     values = profile.values
+    recompute = set(recompute)
+    for v in values:
+        if v.index not in recompute:
+            tied = saved_with_output(PRIMS[v.prim])
+            if any(type(a) is tuple and a and a[0] == "value" and a[1] in recompute
+                   for a in (v.inputs[i] for i in tied if i < len(v.inputs))):
+                recompute.add(v.index)
     needed, stack = set(), [v.index for v in values if v.saved]
     while stack:
         i = stack.pop()
