@@ -493,8 +493,9 @@ def check_dynamic(seed, variant, backends=("python", "c"), dtype=np.float64):
 # A plan's gradients against the same backend's without it: a recipe replays the
 # forward's prims, so on the eager engine, "eager" and "python" they are equal bit
 # for bit; on "c" the recomputation runs C kernels (rounding of their own): rtol
-# 1e-5 (of an element and of its gradient's largest, see ``compare``).
-PLAN_TOL = {"eager": None, "python": None, "c": (1e-5, 1e-12)}
+# 1e-5 (of an element and of its gradient's largest, see ``compare``), the atol of
+# BACKEND_TOL (a gradient that is zero but for rounding).
+PLAN_RTOL = {"c": 1e-5}
 
 
 def compare_bits(ours, theirs):
@@ -593,7 +594,7 @@ def check_plan(seed, backends=PLAN_BACKENDS, dtype=np.float64, variant=None):
     """Messages for every difference between program ``seed`` (under ``variant``,
     default its own) run under memory plans (``plans``) and without, on each
     backend (None: the eager engine): gradients (bit for bit but on "c",
-    ``PLAN_TOL``), errors, hook calls, custom backward calls; the plan "all" runs
+    ``PLAN_RTOL``), errors, hook calls, custom backward calls; the plan "all" runs
     its backward inside ``with plan:``, the last plan runs a backward with
     retain_graph=True and a second one. Recipes left alive after a backward are
     reported too (a leak, or a reference cycle: the garbage collector is off
@@ -636,22 +637,24 @@ def check_plan(seed, backends=PLAN_BACKENDS, dtype=np.float64, variant=None):
                 where = (f"{'engine' if backend is None else f'backend {backend!r}'}, plan "
                          f"{name}{' (backward twice)' if twice else ''}"
                          f"{', second call' if run_i else ''}")
-                problems += _plan_differences(where, got, want, backend, run_i == runs - 1,
-                                              variant.endswith("_outside"))
+                problems += _plan_differences(where, got, want, backend, dtype,
+                                              run_i == runs - 1, variant.endswith("_outside"))
                 if left:
                     problems.append(f"{where}: {left} of {len(made)} recipes alive after "
                                     "the backward")
     return problems
 
 
-def _plan_differences(where, got, want, backend, hook_order, outside=False):
+def _plan_differences(where, got, want, backend, dtype, hook_order, outside=False):
     if isinstance(want[0], Exception) or isinstance(got[0], Exception):
         w, g = (f"{type(r).__name__}: {r}" if isinstance(r, Exception) else "gradients"
                 for r in (want[0], got[0]))
         return [] if w == g else [f"{where}: {g} where without a plan: {w}"]
     out = []
-    tol = PLAN_TOL.get(backend)
-    diff = compare_bits(got[0], want[0]) if tol is None else compare(got[0], want[0], *tol)
+    if backend in PLAN_RTOL:
+        diff = compare(got[0], want[0], PLAN_RTOL[backend], BACKEND_TOL[dtype][1])
+    else:
+        diff = compare_bits(got[0], want[0])
     if diff:
         out.append(f"{where}: {diff}")
     logs = (got[1], want[1]) if hook_order else (sorted(got[1]), sorted(want[1]))

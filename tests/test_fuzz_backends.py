@@ -90,9 +90,19 @@ def test_memory_plans_change_nothing(seed):
     # with retain_graph=True, then another) -- against itself without a plan, on
     # the eager engine and every backend: gradients bit for bit (within rtol 1e-5
     # on "c"), the same errors, hook calls and custom backward calls, and no
-    # recipe alive after the backward (fuzz_programs.check_plan).
+    # recipe alive after the backward (fuzz_programs.check_plan). ("c", whose
+    # compiles make most of the time, on every other seed.)
+    backends = BACKENDS if seed % 2 == 0 else tuple(b for b in BACKENDS if b != "c")
     with np.errstate(all="ignore"):
-        problems = fuzz_programs.check_plan(seed, (None,) + BACKENDS)
+        problems = fuzz_programs.check_plan(seed, (None,) + backends)
+    assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("seed", range(1633, 1639))
+def test_memory_plans_change_nothing_in_float32(seed):
+    # (1636: an amax whose input "c" recomputed, next to the forward's output)
+    with np.errstate(all="ignore"):
+        problems = fuzz_programs.check_plan(seed, (None,) + BACKENDS, np.float32)
     assert not problems, f"\n{fuzz_programs.generate(seed)}\n" + "\n".join(problems)
 
 
