@@ -76,6 +76,12 @@ def _wants_grad(prim, args, out_dtype):
 _interceptors: list = []
 
 
+# Told of each prim's backward node once it is whole (its saved values, its output
+# saved), on the thread that made it: ``node_made(node)``. Compiled autograd sets it
+# to keep its cache key up to date during the forward (compiled/forward_key.py).
+node_made = None
+
+
 def push_interceptor(fn) -> None:
     _interceptors.append(fn)
 
@@ -124,7 +130,10 @@ def apply_prim(prim, args, params, make):
         _interceptors[-1].observe(result, args)
     if _wants_grad(prim, args, out.dtype):
         edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
-        _attach(_make_node(prim, args, params, edges, (result.shape, result.dtype)), result)
+        node = _make_node(prim, args, params, edges, (result.shape, result.dtype))
+        _attach(node, result)
+        if node_made is not None:
+            node_made(node)
     return result
 
 
@@ -251,7 +260,7 @@ def apply_inplace(prim, args, params):
         node = _make_node(prim, (old,) + tuple(args[1:]), params, edges,
                           (target.shape, target.dtype))
     np.copyto(target._data, out, casting="same_kind")
-    target._version_counter.value += 1
+    target._version_counter.bump()
     if node is not None:
         _rebase_history(node, target)
     return target
@@ -262,6 +271,8 @@ def _rebase_history(node, target):
     base = target._base
     if base is None:
         _attach(node, target)
+        if node_made is not None:
+            node_made(node)
     else:
         # In-place on a view: base's new history is CopySlices(node); the view's
         # is a view (as_strided) of that.

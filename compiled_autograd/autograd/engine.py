@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -91,17 +91,24 @@ _task_ids = itertools.count()
 _running = threading.local()
 
 
-@contextmanager
-def running(task):
-    """``task`` is the backward running on this thread while inside (nests)."""
-    stack = getattr(_running, "stack", None)
-    if stack is None:
-        stack = _running.stack = []
-    stack.append(task)
-    try:
-        yield task
-    finally:
-        stack.pop()
+class running:
+    """``with running(task):`` -- ``task`` is the backward running on this thread
+    while inside (nests)."""
+    __slots__ = ("task", "stack")
+
+    def __init__(self, task):
+        self.task = task
+
+    def __enter__(self):
+        stack = self.stack = getattr(_running, "stack", None)
+        if stack is None:
+            stack = self.stack = _running.stack = []
+        stack.append(self.task)
+        return self.task
+
+    def __exit__(self, *exc):
+        self.stack.pop()
+        return False
 
 
 def current_graph_task():
@@ -119,28 +126,35 @@ def current_graph_task_id() -> int:
 class GraphTask:
     """One backward run: dependencies, exec_info, captures, buffers."""
 
-    def __init__(self, roots, keep_graph, create_graph, discover=None, make=None):
+    def __init__(self, roots, keep_graph, create_graph, make=None, lazy=False):
         self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
         # Tensor._make, for the Tensors user hooks see (taken from the roots' tensors)
         self.make = make
         self._dependencies = None
-        self.nodes = []          # every reachable node, discovery order
-        self.index = {}          # node -> its rank in discovery (first sight) order
-        self.edges = []          # per node: ((rank, input_nr) or None per next function)
-        self._ranked = []        # the nodes in rank order
         self.exec_info = None    # node -> needed (only when inputs are given)
         self.captures = {}       # (node, input_nr) -> capture index
-        root_fns = [fn for (fn, _), _ in roots]
-        if discover is not None:    # the same walk, in C (compiled autograd's cache hit)
-            discover(root_fns, self.index, self._ranked, self.nodes, self.edges)
-        else:
-            self._discover(root_fns)
+        self._root_fns = [fn for (fn, _), _ in roots]
+        # nodes: every reachable node, discovery order; index: node -> its rank in
+        # discovery (first sight) order; edges: per node, (rank, input_nr) or None
+        # per next function; _ranked: the nodes in rank order. ``lazy``: found on
+        # first use (a compiled backward whose key the forward kept may never ask).
+        if not lazy:
+            self._discover()
 
-    def _discover(self, root_fns):
+    def __getattr__(self, name):
+        """(Only for attributes not set yet: a lazy task's walk.)"""
+        if name in ("nodes", "index", "edges", "_ranked"):
+            self._discover()
+            return getattr(self, name)
+        raise AttributeError(f"'GraphTask' object has no attribute '{name}'")
+
+    def _discover(self):
         """Every node reachable from the roots (depth first), each node's rank (the
         order of first sight) and its edges as (rank, input_nr)."""
+        root_fns = self._root_fns
+        self.nodes, self.index, self.edges, self._ranked = [], {}, [], []
         index, stack, nodes, all_edges = self.index, [], self.nodes, self.edges
         ranked = self._ranked
         for fn in root_fns:
@@ -277,10 +291,10 @@ def _call_function(task, fn, grads):
 
 
 def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True,
-              discover=None, make=None):
+              make=None, lazy=False):
     """The GraphTask of a backward from ``roots``, restricted to ``input_edges``;
-    ``discover``: the discovery walk to use instead of Python's (the C one)."""
-    task = GraphTask(roots, keep_graph, create_graph, discover, make)
+    ``lazy``: its nodes are found on first use."""
+    task = GraphTask(roots, keep_graph, create_graph, make, lazy and input_edges is None)
     if input_edges is not None:
         task.restrict_to(input_edges, execute_inputs=accumulate)
     return task
@@ -402,7 +416,7 @@ def execute_here(roots, keep_graph, create_graph, input_edges, accumulate, make)
 
 def needs_validation(fn) -> bool:
     """Built-in derivative formulas produce exact shapes; user code may not."""
-    return getattr(fn, "user_code", False) or bool(fn.__dict__.get("_post_hooks"))
+    return fn.user_code or bool(fn.__dict__.get("_post_hooks"))
 
 
 _compilers = threading.local()

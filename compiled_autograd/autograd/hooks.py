@@ -43,7 +43,17 @@ class HookDict(dict):
     """An ordered id -> hook mapping that a weakref can point to."""
 
 
+# Move on every hook registered: on a node (tensor hooks of non-leaves,
+# retain_grad, node pre- and post-hooks), and on a leaf tensor (its tensor hooks
+# and post-accumulate-grad hooks). A reader that finds them where they were knows
+# that nothing it saw gained a hook since (compiled autograd's forward-built key).
+node_hook_clock = 0
+leaf_hook_clock = 0
+
+
 def _add(owner, attr, hook):
+    global leaf_hook_clock
+    leaf_hook_clock += 1
     hooks = getattr(owner, attr)
     if hooks is None:
         hooks = HookDict()
@@ -54,6 +64,8 @@ def _add(owner, attr, hook):
 
 
 def _node_hook_dict(node, attr, key=None):
+    global node_hook_clock
+    node_hook_clock += 1
     d = node.__dict__.get(attr)
     if d is None:
         d = {} if key is not None else HookDict()
@@ -133,9 +145,10 @@ def has_hooks(node) -> bool:
     then find no hooks to run)."""
     if "_hooked" in node.__dict__:
         return True
-    variable = leaf_of(node)
-    return variable is not None and bool(variable._backward_hooks or
-                                         variable._post_accumulate_grad_hooks)
+    if not node.accumulates_grad:
+        return False
+    variable = node.variable
+    return bool(variable._backward_hooks or variable._post_accumulate_grad_hooks)
 
 
 # ---------------------------------------------------------------- running them

@@ -41,14 +41,14 @@ _sequence = itertools.count()
 class Node:
     """Base of every autograd node."""
 
-    # The attributes every walk reads are members (read by offset: native_walk_tables.c);
-    # hooks and a custom Function's ctx attributes live in the instance __dict__.
+    # Hooks and a custom Function's ctx attributes live in the instance __dict__.
     __slots__ = ("next_functions", "input_metadata", "_sequence_nr", "_metadata",
                  "__dict__", "__weakref__")
 
     # AccumulateGrad runs as soon as it is ready (torch gives it the top priority).
     _priority = 1
     accumulates_grad = False   # True for AccumulateGrad: its ``variable`` is a leaf
+    user_code = False          # True where user code computes the gradients (checked)
 
     def __init__(self, next_functions, input_metadata):
         self.next_functions = tuple(next_functions)
@@ -276,7 +276,7 @@ def accumulate_into(variable, g, owned=False) -> None:
             variable._grad = variable._make(stored)
         else:
             np.add(grad._data, g, out=grad._data, casting="same_kind")
-            grad._version_counter.value += 1
+            grad._version_counter.bump()
 
 
 def gradient_edge(t):
@@ -551,6 +551,23 @@ class SavedVariable:
         return self._tensor
 
     def release(self) -> None:
+        global release_clock
         self._tensor = self._data = self._tensor_ref = None
         self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
         self.released = True
+        release_clock += 1
+
+    @staticmethod
+    def release_plain(saved) -> None:
+        """``release`` of each of ``saved``, values saved without hooks (whose
+        other fields are None already): one loop, for a whole backward's."""
+        global release_clock
+        for sv in saved:
+            sv._tensor = sv._data = None
+            sv.released = True
+        release_clock += len(saved)
+
+
+# Moves on every release of a saved value anywhere (``SavedVariable.release``): a
+# reader that finds it where it was knows that none was released since.
+release_clock = 0

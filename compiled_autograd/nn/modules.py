@@ -111,7 +111,7 @@ class Module:
                                        f"current model is {list(own[name].shape)}.")
                 with no_grad():
                     own[name]._data[...] = arr
-                    own[name]._version_counter.value += 1
+                    own[name]._version_counter.bump()
         return missing, unexpected
 
     def train(self, mode=True):
