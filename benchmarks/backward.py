@@ -186,7 +186,8 @@ def measure(reps):
         row["first (capture+codegen+run)"] = time.perf_counter() - start
         row["capture+codegen"] = ca.compiled_autograd_stats()["compile_seconds"]
         row["cache hit alone"] = _cache_hit_time(make_loss, n)
-        row["hit, Python walk"] = _cache_hit_time(make_loss, n, native=False)
+        row["hit, walked"] = _cache_hit_time(make_loss, n, kept=False)
+        row["forward"], row["forward, no key"] = _forward_times(make_loss, n)
         if torch is not None:
             t_loss, t_params = _torch_setup(case)
             row["torch"] = _median_backward(t_loss, t_params, n, lambda l: l.backward())
@@ -194,21 +195,22 @@ def measure(reps):
     return out
 
 
-def _cache_hit_time(make_loss, reps, native=True):
+def _cache_hit_time(make_loss, reps, kept=True):
     """The code a cache hit runs before the compiled function: root gradients,
-    collecting the compiled args, the lookup (``compiled.lookup``); with the
-    walks in C (native_walk, the default) or in Python (``CA_NATIVE_WALK=0``)."""
+    collecting the compiled args, the lookup (``compiled.lookup``); with the key
+    the forward kept (compiled/forward_key.py, the default) or walking the graph
+    for it (``forward_key.walking()``)."""
     import contextlib
 
     import compiled_autograd as ca
     from compiled_autograd.compiled import api as compiled
     from compiled_autograd.autograd import engine
-    from compiled_autograd.compiled import native_walk
+    from compiled_autograd.compiled import forward_key
     options = ca.compiled_backward(backend="python")
     with options:
         make_loss().backward()      # fills the cache
     times = []
-    with contextlib.nullcontext() if native else native_walk.disabled():
+    with contextlib.nullcontext() if kept else forward_key.walking():
         for _ in range(reps):
             loss = make_loss()
             start = time.perf_counter()
@@ -219,6 +221,26 @@ def _cache_hit_time(make_loss, reps, native=True):
             del roots, loss
     assert ca.compiled_autograd_stats()["cache_hits"] >= reps
     return statistics.median(times)
+
+
+def _forward_times(make_loss, reps):
+    """Median forward time keeping the cache key (compiled autograd in use: every
+    prim's node adds its part, compiled/forward_key.py) and without (as before
+    compiled autograd's first use), alternating."""
+    from compiled_autograd.autograd import dispatch
+    from compiled_autograd.compiled import forward_key
+    kept = dispatch.node_made
+    times = {True: [], False: []}
+    for i in range(2 * reps):
+        on = i % 2 == 0
+        dispatch.node_made = kept if on else None
+        start = time.perf_counter()
+        loss = make_loss()
+        times[on].append(time.perf_counter() - start)
+        forward_key.end()                       # (no backward here)
+        del loss
+    dispatch.node_made = kept
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def main():
@@ -259,14 +281,17 @@ def main():
                         else f"{'-':>14}{'-':>10}")
             print(f"{case:<12}{cells}{ratio:>14.2f}{vs_torch}")
         print(f"{'case':<12}{'capture+codegen':>18}{'first backward':>16}"
-              f"{'cache hit alone':>17}{'hit/eager':>11}{'hit, Python walk':>18}{'hit/eager':>11}")
+              f"{'cache hit alone':>17}{'hit/eager':>11}{'hit, walked':>13}{'hit/eager':>11}"
+              f"{'forward':>11}{'no key':>10}{'ratio':>7}")
         for case, row in res.items():
             print(f"{case:<12}{_fmt(row['capture+codegen']):>18}"
                   f"{_fmt(row['first (capture+codegen+run)']):>16}"
                   f"{_fmt(row['cache hit alone']):>17}"
                   f"{row['cache hit alone'] / row['eager']:>11.3f}"
-                  f"{_fmt(row['hit, Python walk']):>18}"
-                  f"{row['hit, Python walk'] / row['eager']:>11.3f}")
+                  f"{_fmt(row['hit, walked']):>13}"
+                  f"{row['hit, walked'] / row['eager']:>11.3f}"
+                  f"{_fmt(row['forward']):>11}{_fmt(row['forward, no key']):>10}"
+                  f"{row['forward'] / row['forward, no key']:>7.2f}")
     cold, cached = _build_times()
     print(f"\nC backend, transformer backward: generate {_fmt(cold['generate'])}, "
           f"build {_fmt(cold['build'])} (cold, compiled={cold['compiled']}), "

@@ -7,8 +7,7 @@ messages name the right file), and the environment variable that turns it off
 interpreter's headers (``cbuild.build_extension``: the C backend's private
 cache, so a second process loads it without compiling) and imports it; without a
 compiler or the headers it returns None and ``status()`` says why, so the
-caller's Python code runs instead. Used by the cache hit's walks
-(``compiled_autograd.compiled.native_walk``) and the C backend's call
+caller's Python code runs instead. Used by the C backend's call
 (``codegen.c_run``).
 """
 from __future__ import annotations

@@ -26,12 +26,10 @@ def _private_c_cache(tmp_path_factory):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh, empty C build cache for this test. (The project's own extensions,
-    the cache hit's C walk and the C backend's call, are loaded first, from the usual
-    cache: this one holds only what the test builds.)"""
+    """A fresh, empty C build cache for this test. (The project's own extension,
+    the C backend's call, is loaded first, from the usual cache: this one holds
+    only what the test builds.)"""
     from codegen.c_run import C_CALL
-    from compiled_autograd.compiled import native_walk
-    native_walk.module()
     C_CALL.module()
     path = tmp_path / "cache"
     monkeypatch.setenv("CA_CACHE_DIR", str(path))

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.grad_mode import set_grad_enabled
+from compiled_autograd.autograd.node import SavedVariable
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import compiled_args, hook_calls, native_walk, tracer
+from compiled_autograd.compiled import compiled_args, forward_key, hook_calls, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
@@ -104,6 +105,7 @@ class compiled_backward:
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
         self.takes_module = callable(backend)    # a user's compiler_fn(gm)
+        forward_key.enable()    # from now on forwards keep their key up to date
 
     def __enter__(self):
         engine.push_compiler(self)    # this thread's engine runs backwards through run
@@ -132,10 +134,8 @@ class compiled_backward:
 
 
 def _prepare(roots, input_edges, accumulate, record=True):
-    walk = native_walk.module() if not record else None
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
-                            input_edges=input_edges, accumulate=accumulate,
-                            discover=walk.discover if walk is not None else None)
+                            input_edges=input_edges, accumulate=accumulate)
     collected = compiled_args.collect(task, roots, record)
     return task, collected, collected.freeze()
 
@@ -177,25 +177,31 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     if not retain_graph:
         # The boxed lists become the only owners of the saved values: release them
         # (a prim node holds nothing else), and whatever other nodes hold.
-        for sv in collected.saved:
-            sv.release()
+        if collected.plain_saved:
+            SavedVariable.release_plain(collected.saved)
+        else:
+            for sv in collected.saved:
+                sv.release()
         collected.recipe_objects.clear()  # (their kept arrays now live in the inputs only)
         for fn in collected.release_nodes:
             fn.release_variables()
-    with engine.running(task):
-        inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
-        collected.inputs.clear()    # the boxed list is their only owner: freed on last use
-        # As eager: the backward (and the hooks it calls) runs without grad mode.
-        # (The collected lists are the compiled function's own from here on.)
-        with set_grad_enabled(False), \
-                hook_calls.learning() if calls_python else nullcontext() as returned_nones, \
-                _memory.category("gradient") if _memory.active() else nullcontext():
-            try:
-                out = entry.fn(inputs, collected.sizes, collected.scalars,
-                               collected.hooks, collected.packed_data)
-            finally:
-                if returned_nones:
-                    _relearn(entry.key, task, returned_nones)
+    inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
+    collected.inputs.clear()    # the boxed list is their only owner: freed on last use
+    # As eager: the backward (and the hooks it calls) runs without grad mode.
+    # (The collected lists are the compiled function's own from here on.)
+    with engine.running(task), set_grad_enabled(False):
+        if not calls_python and not _memory.active():
+            out = entry.fn(inputs, collected.sizes, collected.scalars, collected.hooks,
+                           collected.packed_data)
+        else:
+            with hook_calls.learning() if calls_python else nullcontext() as returned_nones, \
+                    _memory.category("gradient") if _memory.active() else nullcontext():
+                try:
+                    out = entry.fn(inputs, collected.sizes, collected.scalars,
+                                   collected.hooks, collected.packed_data)
+                finally:
+                    if returned_nones:
+                        _relearn(entry.key, task, returned_nones)
     return list(out) if out is not None else []
 
 
@@ -232,9 +238,15 @@ def _relearn(cache_key, task, returned_nones):
 
 def lookup(roots, input_edges, accumulate, context):
     """(task, collected args, CompiledBackward): collect the key and the runtime
-    values, look the key up, and on a miss trace and compile. This is all a cache
-    hit costs before the compiled function runs."""
-    task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
+    values -- kept by the forward (forward_key), else by walking the graph -- look
+    the key up, and on a miss trace and compile. This is all a cache hit costs
+    before the compiled function runs."""
+    taken = forward_key.take(roots, input_edges, accumulate)
+    if taken is not None:
+        collected, key = taken
+        task = engine.make_task(roots, keep_graph=True, create_graph=False, lazy=True)
+    else:
+        task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
     # The compiler's id is part of the key; its family holds the compiler itself,
     # so that id is never handed on to another callable while the entry exists.
     cache_key = (id(context.compiler), context.unpack, key)

@@ -26,10 +26,9 @@ import numpy as np
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd import hooks as _hooks
-from compiled_autograd.autograd.node import (NODE_CLASSES, AccumulateGrad, PrimBackward,
+from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward,
                                              SavedVariable, accumulate_into)
 from compiled_autograd.autograd.recipe import Kept, Recipe
-from compiled_autograd.compiled import native_walk
 from runtime.prims import index_param_names
 
 
@@ -58,6 +57,7 @@ class CompiledNodeArgs:
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
         self.node = None                 # the node being collected (for error messages)
+        self.plain_saved = False         # every saved value is saved without hooks
         self.uncacheable_reason = None   # set when the trace must not be reused
 
     # ---------------------------------------------------------- key only
@@ -228,17 +228,54 @@ class CompiledNodeArgs:
 
 
 class Key(tuple):
-    """A cache key: the tuple of key items, equal to and hashed as that plain tuple.
-    Its hash is native_walk.key_hash when the C walk is loaded: the same number as
-    tuple.__hash__, with the hash of every shared item (the C walk's tuples, the
-    same objects at every hit) computed once instead of at every hit. Like any
-    dict key, it assumes its items' hashes never change (types, dtypes, numbers,
-    strings and tuples of them)."""
-    __slots__ = ()
+    """A cache key: the tuple of key items, equal to that plain tuple. Its items
+    are interned (one object per distinct item, so that comparing two equal keys
+    compares pointers) and its hash is ``fold_hash`` of the items, given when the
+    forward-built key already folded them (forward_key.py). Like any dict key, it
+    assumes its items' hashes never change (types, dtypes, numbers, strings and
+    tuples of them)."""
+
+    def __new__(cls, items, folded=None):
+        if folded is None:
+            setdefault = interned()
+            items = map(setdefault, items, items)
+        key = tuple.__new__(cls, items)
+        key._hash = folded if folded is not None else fold_hash(KEY_SEED, key)
+        return key
 
     def __hash__(self):
-        walk = native_walk.loaded()
-        return walk.key_hash(self) if walk is not None else tuple.__hash__(self)
+        return self._hash
+
+
+KEY_SEED = 0x345678
+_P, _M = 1000003, (1 << 61) - 1
+_INTERNED: dict = {}
+
+
+def intern(item):
+    """The one object for items equal to ``item``."""
+    return interned()(item, item)
+
+
+def interned():
+    """``setdefault`` of the table of interned items (``f(item, item)``), emptied
+    first when it has grown past a bound (only identity is lost)."""
+    if len(_INTERNED) > 200_000:
+        _INTERNED.clear()
+    return _INTERNED.setdefault
+
+
+def fold_hash(h, items):
+    """The key's hash, item by item: a polynomial, so that a run of items folds
+    into two numbers (``hash_part``; the forward folds its part node by node)."""
+    for item in items:
+        h = (h * _P + hash(item)) % _M
+    return h
+
+
+def hash_part(items):
+    """(multiplier, addend): ``fold_hash(h, items) == (h * multiplier + addend) % M``."""
+    return pow(_P, len(items), _M), fold_hash(0, items)
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
@@ -368,51 +405,96 @@ def _retainer(ref):
 
 
 # -------------------------------------------------------------- the collection walk
+#
+# The key lists nodes in one canonical order, which the forward can keep up to date
+# as it makes them (forward_key.py): the nodes that are not AccumulateGrad in the
+# order they were made (sequence number), then the leaves' AccumulateGrad nodes in
+# the order the nodes before them first point to them, then the roots. An edge
+# names its target by distance in that order, (made k nodes earlier, input_nr),
+# or as ("leaf", j, input_nr).
+
+def canonical_order(task, roots):
+    """(nodes, leaves, edges, position): the non-leaf nodes in creation order, the
+    AccumulateGrad nodes in first-reference order, each node's encoded edges, and
+    ``position(fn)``: a root's name in the key (its distance from the newest node,
+    or ("leaf", j))."""
+    nodes = sorted((fn for fn in task.nodes if not fn.accumulates_grad), key=_made)
+    rank = {id(fn): i for i, fn in enumerate(nodes)}
+    leaves: dict = {}
+    edges = []
+    for i, fn in enumerate(nodes):
+        edges.append(tuple([encode_edge(i, nxt, nr, rank, leaves)
+                            for nxt, nr in fn.next_functions]))
+    for (fn, _), _ in roots:
+        if fn.accumulates_grad and fn not in leaves:
+            leaves[fn] = len(leaves)
+    last = len(nodes) - 1
+
+    def position(fn):
+        i = rank.get(id(fn))
+        return last - i if i is not None else ("leaf", leaves[fn])
+    return nodes, list(leaves), edges, position
+
+
+def _made(fn):
+    return fn._sequence_nr
+
+
+def encode_edge(i, nxt, nr, rank, leaves):
+    """Node ``i``'s edge to ``nxt`` as the key names it (``rank``: id of a non-leaf
+    node -> its position, KeyError for another; ``leaves``: AccumulateGrad -> j,
+    grown in first-reference order)."""
+    if nxt is None:
+        return None
+    if nxt.accumulates_grad:
+        j = leaves.get(nxt)
+        if j is None:
+            j = leaves[nxt] = len(leaves)
+        return ("leaf", j, nr)
+    return (i - rank[id(nxt)], nr)
+
 
 def collect(task, roots, record=True):
-    """The key and runtime values of this backward. Nodes are visited in the graph
-    task's discovery order (a deterministic walk of the structure) and named by
-    their rank in it; runtime values are found again by identity, so the trace may
+    """The key and runtime values of this backward, the nodes in the canonical
+    order above. Runtime values are found again by identity, so the trace may
     visit in eager's order. ``record=False`` (a cache hit) skips noting where each
     value sits, which only the tracer needs."""
     args = CompiledNodeArgs(record)
-    index = task.index
-    args.collect(("roots", tuple((index[fn], nr, np.asarray(g).dtype)
-                                 for (fn, nr), g in roots)))
-    for i, (_, g) in enumerate(roots):
-        args.collect_sizes((np.shape(g),), owner=("root", i))
-    captures = task.captures
-    if captures:
-        # An input the roots do not reach (allow_unused) is captured by no node:
-        # its gradient is None. Only its position is part of the key.
-        args.collect(("captures", tuple(sorted((index[fn], nr, tuple(idx))
-                                               for (fn, nr), idx in captures.items()
-                                               if fn in index)),
-                      tuple(sorted(i for (fn, _), idx in captures.items()
-                                   if fn not in index for i in idx))))
+    nodes, leaves, edges, position = canonical_order(task, roots)
     exec_info = task.exec_info
-    walk = native_walk.module() if not record and exec_info is None else None
-    if walk is not None:
-        # The same loop in C for the plain nodes; it calls _collect_node for the rest.
-        walk.collect_nodes(task.nodes, task.edges, args,
-                           (args.key, args.saved, args.inputs, args.sizes, args.scalars),
-                           _plain_node_kinds(), SavedVariable, _PARAM_SPLITS, _params_split,
-                           _NO_PARAMS, _collect_node)
-        return args
+    captures = task.captures
     captured_fns = {fn for fn, _ in captures}
-    for fn, edges in zip(task.nodes, task.edges):
+    for fn, fn_edges in zip(nodes + leaves, edges + [()] * len(leaves)):
         runs = True
         if exec_info is not None:
-            # Not every node runs: the key says which (by rank) and whether.
+            # Not every node runs: the key says which (by position) and whether.
             runs = exec_info.get(fn, False)
             if not runs and fn not in captured_fns:
                 continue
-            args.key.append(("node", index[fn], runs))
-        _collect_node(args, fn, edges, runs)
+            args.key.append(("node", position(fn), runs))
+        collect_node(args, fn, fn_edges, runs)
+    collect_roots(args, roots, position)
+    if captures:
+        # An input the roots do not reach (allow_unused) is captured by no node:
+        # its gradient is None. Only its position is part of the key.
+        reached = tuple(sorted(((position(fn), nr, tuple(idx))
+                                for (fn, nr), idx in captures.items() if fn in task.index),
+                               key=repr))
+        unreached = tuple(sorted(i for (fn, _), idx in captures.items()
+                                 if fn not in task.index for i in idx))
+        args.collect(("captures", reached, unreached))
     return args
 
 
-def _collect_node(args, fn, edges, runs=True):
+def collect_roots(args, roots, position) -> None:
+    """The roots: where each gradient enters (``position``), its dtype and sizes."""
+    args.collect(("roots", tuple((position(fn), nr, np.asarray(g).dtype)
+                                 for (fn, nr), g in roots)))
+    for i, (_, g) in enumerate(roots):
+        args.collect_sizes((np.shape(g),), owner=("root", i))
+
+
+def collect_node(args, fn, edges, runs=True):
     """One node's hooks, compiled args and edges."""
     args.node = fn
     if _hooks.has_hooks(fn):
@@ -427,19 +509,5 @@ def _collect_node(args, fn, edges, runs=True):
             args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
         if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
             args.release_nodes.append(fn)
-        args.key.append(("edges", tuple(edges)))
-
-
-_kinds: dict = {}
-
-
-def _plain_node_kinds() -> dict:
-    """{node type: 1 (a prim's backward), 2 (AccumulateGrad) or 0 (Python
-    collects it)}: whose compiled args native_walk may collect itself. Every node
-    class is listed, so a new one (NODE_CLASSES grows lazily) rebuilds it once."""
-    if len(_kinds) != len(NODE_CLASSES) + 1:
-        _kinds.clear()
-        _kinds.update({cls: 1 if cls.compiled_args is PrimBackward.compiled_args else 0
-                       for cls in NODE_CLASSES.values()})
-        _kinds[AccumulateGrad] = 2
-    return _kinds
+        args.key.append(("edges", edges))
+    args.node = None

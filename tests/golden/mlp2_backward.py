@@ -7,9 +7,9 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     reshape = _k_reshape(mul, shape=(1, 1)); del mul
     expand = _k_expand(reshape, shape=(3, 4)); del reshape
     # MulBackward
-    saved = inputs[1]; inputs[1] = None
+    saved = inputs[5]; inputs[5] = None
     mul_1 = _k_mul(expand, saved); del saved
-    saved_1 = inputs[2]; inputs[2] = None
+    saved_1 = inputs[6]; inputs[6] = None
     mul_2 = _k_mul(expand, saved_1); del expand, saved_1
     add = _k_add(mul_1, mul_2); del mul_1, mul_2
     # LinearBackward
@@ -20,23 +20,23 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     matmul_1 = _k_matmul(permute, saved_2); del permute, saved_2
     sum = _k_sum(add, dims=(0,), keepdim=False); del add
     # AccumulateGrad
-    leaf = inputs[6]; inputs[6] = None
+    leaf = inputs[9]; inputs[9] = None
     _h_accumulate_grad(leaf, matmul_1, True); del leaf, matmul_1
-    leaf_1 = inputs[5]; inputs[5] = None
+    leaf_1 = inputs[10]; inputs[10] = None
     _h_accumulate_grad(leaf_1, sum, True); del leaf_1, sum
     # TanhBackward
-    saved_4 = inputs[7]; inputs[7] = None
+    saved_4 = inputs[2]; inputs[2] = None
     mul_3 = _k_mul(saved_4, saved_4); del saved_4
     sub = _k_sub(1.0, mul_3); del mul_3
     mul_4 = _k_mul(matmul, sub); del matmul, sub
     # LinearBackward
     permute_1 = _k_permute(mul_4, perm=(1, 0))
-    saved_5 = inputs[8]; inputs[8] = None
+    saved_5 = inputs[1]; inputs[1] = None
     matmul_2 = _k_matmul(permute_1, saved_5); del permute_1, saved_5
     sum_1 = _k_sum(mul_4, dims=(0,), keepdim=False); del mul_4
     # AccumulateGrad
-    leaf_2 = inputs[10]; inputs[10] = None
+    leaf_2 = inputs[7]; inputs[7] = None
     _h_accumulate_grad(leaf_2, matmul_2, True); del leaf_2, matmul_2
-    leaf_3 = inputs[9]; inputs[9] = None; del inputs
+    leaf_3 = inputs[8]; inputs[8] = None; del inputs
     _h_accumulate_grad(leaf_3, sum_1, True); del leaf_3, sum_1
     return ()

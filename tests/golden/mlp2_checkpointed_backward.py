@@ -13,38 +13,38 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     mul_2 = _k_mul(expand, saved_1); del expand, saved_1
     add = _k_add(mul_1, mul_2); del mul_1, mul_2
     # LinearBackward
-    hook_1 = hooks[1]; hooks[1] = None
-    packed_1 = packed_data[1]; packed_data[1] = None
+    hook_1 = hooks[3]; hooks[3] = None
+    packed_1 = packed_data[3]; packed_data[3] = None
     unpack_hook_1 = _h_unpack_hook(hook_1, packed_1, (4, 4)); del hook_1, packed_1
     matmul = _k_matmul(add, unpack_hook_1); del unpack_hook_1
     permute = _k_permute(add, perm=(1, 0))
-    hook = hooks[0]; hooks[0] = None
-    packed = packed_data[0]; packed_data[0] = None
+    hook = hooks[2]; hooks[2] = None
+    packed = packed_data[2]; packed_data[2] = None
     unpack_hook = _h_unpack_hook(hook, packed, (3, 4)); del hook, packed
     matmul_1 = _k_matmul(permute, unpack_hook); del permute, unpack_hook
     sum = _k_sum(add, dims=(0,), keepdim=False); del add
     # AccumulateGrad
-    leaf = inputs[4]; inputs[4] = None
+    leaf = inputs[5]; inputs[5] = None
     _h_accumulate_grad(leaf, matmul_1, True); del leaf, matmul_1
-    leaf_1 = inputs[3]; inputs[3] = None
+    leaf_1 = inputs[6]; inputs[6] = None
     _h_accumulate_grad(leaf_1, sum, True); del leaf_1, sum
     # TanhBackward
-    hook_2 = hooks[2]; hooks[2] = None
-    packed_2 = packed_data[2]; packed_data[2] = None
+    hook_2 = hooks[1]; hooks[1] = None
+    packed_2 = packed_data[1]; packed_data[1] = None
     unpack_hook_2 = _h_unpack_hook(hook_2, packed_2, (3, 4)); del hook_2, packed_2
     mul_3 = _k_mul(unpack_hook_2, unpack_hook_2); del unpack_hook_2
     sub = _k_sub(1.0, mul_3); del mul_3
     mul_4 = _k_mul(matmul, sub); del matmul, sub
     # LinearBackward
     permute_1 = _k_permute(mul_4, perm=(1, 0))
-    hook_3 = hooks[3]; hooks[3] = None; del hooks
-    packed_3 = packed_data[3]; packed_data[3] = None; del packed_data
+    hook_3 = hooks[0]; hooks[0] = None; del hooks
+    packed_3 = packed_data[0]; packed_data[0] = None; del packed_data
     unpack_hook_3 = _h_unpack_hook(hook_3, packed_3, (3, 4)); del hook_3, packed_3
     matmul_2 = _k_matmul(permute_1, unpack_hook_3); del permute_1, unpack_hook_3
     sum_1 = _k_sum(mul_4, dims=(0,), keepdim=False); del mul_4
     # AccumulateGrad
-    leaf_2 = inputs[6]; inputs[6] = None
+    leaf_2 = inputs[3]; inputs[3] = None
     _h_accumulate_grad(leaf_2, matmul_2, True); del leaf_2, matmul_2
-    leaf_3 = inputs[5]; inputs[5] = None; del inputs
+    leaf_3 = inputs[4]; inputs[4] = None; del inputs
     _h_accumulate_grad(leaf_3, sum_1, True); del leaf_3, sum_1
     return ()

@@ -1,0 +1,327 @@
+"""The cache key of a backward, kept up to date while the forward builds its graph.
+
+A cache hit needs the backward's key and runtime values. ``compiled_args.collect``
+walks the whole graph for them at backward time, 1-3 us a node in Python. Here the
+same code (``compiled_args.collect_node``: each node's ``compiled_args``) runs as
+the forward makes each prim's node instead (``dispatch.node_made``), into this
+thread's *segment*: the nodes made since its last compiled backward, in the order
+they were made. That is the key's canonical order (``compiled_args.canonical_order``),
+so a node's part of the key is final when it is made: its edges name nodes of the
+segment by distance, and leaves by first reference.
+
+A backward takes the segment (``take``) when its graph is exactly the segment:
+- one root, the segment's newest node, which every other node of the segment
+  leads to (each was pointed to by a later one: one node is left unconsumed);
+- every edge out of the segment goes to a leaf's AccumulateGrad, and every saved
+  value is a plain one (no saved-tensor hooks, no memory plan): ``pure``;
+- no hook was registered on a node since the segment began (``hooks.node_hook_clock``);
+- no saved value was released or modified in place: checked value by value, and
+  only when the release or write clock moved since the segment began.
+The leaves (whose hooks may change between forward and backward) and the roots are
+collected then, with the same code, after the segment's part: the canonical order
+again. The saved arrays are read from the saved variables then, so the segment
+holds no array the graph does not hold. In every other case ``take`` returns None
+and ``compiled_args.collect`` walks the graph; it also raises eager's errors.
+
+``CA_CHECK_KEY=1`` in the environment (or ``check_key(True)``) collects both ways on
+every backward that takes a segment and raises on any difference: compiled_args
+stays the contract and the reference (tests/test_forward_key.py runs every
+compiled-autograd scenario, and the random programs, with it on).
+
+A segment whose graph is dropped without a backward (its newest unconsumed node
+dies) lets go of everything it collected at once (a weak reference's callback), and
+the next node starts a new one.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import threading
+import weakref
+
+from compiled_autograd.autograd import dispatch, engine
+from compiled_autograd.autograd import hooks as _hooks
+from compiled_autograd.autograd import node as _node
+from compiled_autograd.autograd import tensor_base
+from compiled_autograd.compiled import compiled_args
+from compiled_autograd.compiled.compiled_args import (_M, _P, KEY_SEED, CompiledNodeArgs, Key,
+                                                      collect, collect_node, collect_roots,
+                                                      encode_edge, fold_hash, hash_part,
+                                                      intern)
+
+_local = threading.local()
+_check = [os.environ.get("CA_CHECK_KEY", "") not in ("", "0")]
+_walk = [0]
+stats = {"taken": 0, "walked": 0}   # backwards that took a segment / walked the graph
+
+
+def check_key(on: bool = True) -> None:
+    """Collect every backward that takes a segment the walking way too, and raise
+    AssertionError on a difference (the ``CA_CHECK_KEY`` switch)."""
+    _check[0] = bool(on)
+
+
+@contextlib.contextmanager
+def walking():
+    """Backwards inside walk the graph (the keys the forwards kept go unused):
+    for comparisons."""
+    _walk[0] += 1
+    try:
+        yield
+    finally:
+        _walk[0] -= 1
+
+
+def enable() -> None:
+    """Keep segments from now on (compiled autograd's first use): until then the
+    forward pays nothing."""
+    dispatch.node_made = node_made
+
+
+def node_made(node) -> None:
+    """``dispatch.node_made``: a prim's node is whole; add it to this thread's segment."""
+    segment = getattr(_local, "segment", None)
+    if segment is None or segment.closed:
+        segment = _local.segment = Segment()
+    if segment.pure:
+        segment.add(node)
+
+
+class Segment:
+    """One thread's prim nodes since its last compiled backward, and their part of
+    the key, collected as each was made."""
+
+    def __init__(self):
+        self.args = CompiledNodeArgs(record=False)
+        self.hash = KEY_SEED
+        self.rank: dict = {}          # id(node) -> position (made order)
+        self.leaves: dict = {}        # AccumulateGrad -> j (first reference)
+        self.unconsumed: dict = {}    # position -> weak reference, for nodes no later one points to
+        self.pure = True
+        self.closed = False
+        self._on_drop = _on_drop(weakref.ref(self))    # (no cycle through the segment)
+        self._intern = compiled_args.interned()
+        self.hook_clock = _hooks.node_hook_clock
+        self.write_clock = tensor_base.write_clock
+        self.release_clock = _node.release_clock
+
+    def add(self, node) -> None:
+        rank, args = self.rank, self.args
+        i = len(rank)
+        key, saved = args.key, args.saved
+        n_key, n_saved = len(key), len(saved)
+        try:
+            edges = tuple([encode_edge(i, nxt, nr, rank, self.leaves)
+                           for nxt, nr in node.next_functions])
+            collect_node(args, node, edges)
+        except Exception:           # (a node made elsewhere; an error the backward will raise)
+            self.spoil()
+            return
+        if args.recipes or args.hooks or args.packed_data or args.release_nodes:
+            self.spoil()            # a value under saved-tensor hooks or a plan: walk
+            return
+        inputs = args.inputs
+        if inputs:
+            if len(inputs) != len(saved) - n_saved:
+                self.spoil()        # (only saved arrays are expected)
+                return
+            inputs.clear()          # (read again at the backward: no array held here)
+        h, interned = self.hash, self._intern
+        for k in range(n_key, len(key)):
+            item = key[k]
+            key[k] = item = interned(item, item)
+            h = (h * _P + hash(item)) % _M
+        self.hash = h
+        unconsumed = self.unconsumed
+        for edge in edges:
+            if edge is not None and edge[0].__class__ is int:
+                unconsumed.pop(i - edge[0], None)   # pointed to: its weak reference goes
+        rank[id(node)] = i
+        unconsumed[i] = weakref.ref(node, self._on_drop)
+
+    def spoil(self) -> None:
+        """No backward will take this segment: let go of everything, and follow no
+        more nodes until it ends (``drop``)."""
+        self.pure = False
+        self.args = CompiledNodeArgs(record=False)
+        self.rank, self.leaves, self.unconsumed = {}, {}, {}
+
+    def drop(self) -> None:
+        """End the segment: the next node starts a new one."""
+        self.spoil()
+        self.closed = True
+
+
+def end() -> None:
+    """End this thread's segment (its forward will not be differentiated)."""
+    segment = getattr(_local, "segment", None)
+    if segment is not None:
+        _local.segment = None
+        segment.drop()
+
+
+def _on_drop(segment_ref):
+    """The weak references' callback: a node no later node points to died, so its
+    graph was dropped without a backward."""
+    def dropped(_):
+        segment = segment_ref()
+        if segment is not None:
+            segment.drop()
+    return dropped
+
+
+def take(roots, input_edges, accumulate):
+    """(collected args, key) of this backward from this thread's segment, or None
+    when the graph has to be walked (see the module doc). Either way the segment
+    ends here: the next forward starts a new one."""
+    segment = getattr(_local, "segment", None)
+    if segment is None:
+        stats["walked"] += 1
+        return None
+    _local.segment = None
+    taken = _take(segment, roots, input_edges, accumulate) if not _walk[0] else None
+    segment.drop()
+    stats["taken" if taken is not None else "walked"] += 1
+    return taken
+
+
+def _take(segment, roots, input_edges, accumulate):
+    if not segment.pure or input_edges is not None or not accumulate or len(roots) != 1:
+        return None
+    (fn, _), _ = roots[0]
+    rank = segment.rank
+    if (rank.get(id(fn)) != len(rank) - 1 or len(segment.unconsumed) != 1
+            or _hooks.node_hook_clock != segment.hook_clock):
+        return None
+    part = segment.args
+    saved = part.saved
+    if _node.release_clock != segment.release_clock:
+        if any(sv.released for sv in saved):
+            return None                         # (the walk raises eager's error)
+    if tensor_base.write_clock != segment.write_clock:
+        for sv in saved:
+            if sv._version_counter.value != sv.saved_version:
+                return None                     # (the walk raises eager's error)
+    args = CompiledNodeArgs(record=False)
+    args.key = list(part.key)
+    args.sizes = list(part.sizes)
+    args.scalars = list(part.scalars)
+    args.saved = list(saved)
+    args.inputs = [sv._data if sv._tensor is None else sv._tensor._data for sv in saved]
+    args.plain_saved = True
+    key = args.key
+    h = _collect_leaves(args, list(segment.leaves), segment.hash)
+    n_key = len(key)
+    collect_roots(args, roots, _newest)
+    key = Key(key, _intern_fold(key, n_key, h))
+    if _check[0]:
+        _compare(roots, args, key)
+    return args, key
+
+
+def _intern_fold(key, start, h):
+    """Intern ``key[start:]`` in place; ``h`` folded over them."""
+    for k in range(start, len(key)):
+        key[k] = intern(key[k])
+    return fold_hash(h, key[start:])
+
+
+def _collect_leaves(args, leaves, h):
+    """Collect the leaves' part (``collect_node`` of each AccumulateGrad) into
+    ``args``; returns the key's hash folded over it. A leaf's items change only
+    with a hook (a hook clock moves) or its tensor's array, so each tensor's part is
+    kept (``_leaf_parts``, dropped with the tensor), and so is the last block of
+    parts for these tensors, checked with one look at each (a training step's
+    parameters)."""
+    variables = list(map(_variable_of, leaves))
+    ids = tuple(map(id, variables))
+    clocks = (_hooks.node_hook_clock, _hooks.leaf_hook_clock)
+    block = _leaf_blocks.get(ids)
+    if block is not None and block[0] == clocks:
+        parts = tuple(map(_leaf_parts.get, ids))
+        if (all(map(operator.is_, parts, block[1]))
+                and all(map(operator.is_, map(_array_of, parts), map(_data_of, variables)))):
+            args.key.extend(block[2])
+            args.sizes.extend(block[3])
+            args.inputs.extend(variables)
+            return (h * block[4] + block[5]) % _M
+    n_key, n_sizes, start = len(args.key), len(args.sizes), h
+    for leaf in leaves:
+        h = _collect_leaf(args, leaf, h)
+    parts = tuple(map(_leaf_parts.get, ids))
+    if None not in parts:                  # (no hooks: every leaf has its part)
+        if len(_leaf_blocks) > 64:
+            _leaf_blocks.clear()
+        items = tuple(args.key[n_key:])
+        _leaf_blocks[ids] = (clocks, parts, items, tuple(args.sizes[n_sizes:]),
+                             *hash_part(items))
+    return h
+
+
+def _collect_leaf(args, leaf, h):
+    variable = leaf.variable
+    part = _leaf_parts.get(id(variable))
+    if (part is None or part[1] is not variable._data or "_hooked" in leaf.__dict__
+            or variable._backward_hooks or variable._post_accumulate_grad_hooks):
+        part = _leaf_part(leaf)
+    if part is None:                       # (hooks: collected afresh at every backward)
+        n_key = len(args.key)
+        collect_node(args, leaf, ())
+        return _intern_fold(args.key, n_key, h)
+    args.key.extend(part[2])
+    args.sizes.extend(part[3])
+    args.inputs.append(variable)
+    return (h * part[4] + part[5]) % _M
+
+
+_variable_of = operator.attrgetter("variable")
+_data_of = operator.attrgetter("_data")
+_array_of = operator.itemgetter(1)
+# ids of the leaf tensors -> (hook clocks, their parts, key items, sizes, hash part)
+_leaf_blocks: dict = {}
+# id(leaf tensor) -> (weak reference, its array, key items, sizes, hash part)
+_leaf_parts: dict = {}
+
+
+def _leaf_part(leaf):
+    """A leaf's part of the key when no hook is around it, kept for the next
+    backwards (per tensor: its AccumulateGrad node may be made anew each step),
+    valid while the tensor has the same array and no hook. None with hooks."""
+    variable = leaf.variable
+    if _hooks.has_hooks(leaf):
+        _leaf_parts.pop(id(variable), None)     # (so that no block holds it)
+        return None
+    args = CompiledNodeArgs(record=False)
+    collect_node(args, leaf, ())
+    _intern_fold(args.key, 0, 0)
+    items = tuple(args.key)
+    key = id(variable)
+    ref = weakref.ref(variable, lambda _, key=key: _leaf_parts.pop(key, None))
+    part = _leaf_parts[key] = (ref, variable._data, items, tuple(args.sizes),
+                               *hash_part(items))
+    return part
+
+
+def _newest(fn):
+    return 0     # the root's position: the newest node of the segment
+
+
+def _compare(roots, args, key) -> None:
+    """The ``CA_CHECK_KEY`` check: the walk's collection equals the segment's."""
+    task = engine.make_task(roots, keep_graph=True, create_graph=False)
+    walked = collect(task, roots, record=False)
+    if walked.freeze() != key:
+        at = next((i for i, (a, b) in enumerate(zip(walked.key, key)) if a != b),
+                  min(len(walked.key), len(key)))
+        raise AssertionError(
+            f"forward-built key differs from compiled_args at item {at}: "
+            f"{key[at] if at < len(key) else None!r} != "
+            f"{walked.key[at] if at < len(walked.key) else None!r}")
+    for name in ("sizes", "scalars"):
+        if getattr(walked, name) != getattr(args, name):
+            raise AssertionError(f"forward-built key: its {name} differ from compiled_args'")
+    for name in ("inputs", "saved", "hooks", "packed_data"):
+        a, b = getattr(walked, name), getattr(args, name)
+        if len(a) != len(b) or any(x is not y for x, y in zip(a, b)):
+            raise AssertionError(f"forward-built key: its {name} differ from compiled_args'")

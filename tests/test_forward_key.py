@@ -1,0 +1,268 @@
+"""The cache key kept up to date during the forward (compiled/forward_key.py)
+against compiled_args' walk, which stays the reference.
+
+Every scenario of test_compiled.py and test_dynamic_shapes.py runs again here with
+``check_key`` on: a backward that takes the forward's segment is collected by
+walking the graph too, and any difference -- key items, sizes, scalars, or a
+runtime value by identity -- fails. (The random programs run with it on as well:
+test_fuzz_backends.py.) Below them, what must make a backward walk instead, and
+what the segment must not keep alive."""
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+import test_compiled
+from compiled_autograd.autograd import dispatch
+from compiled_autograd.compiled import compiled_args, forward_key
+from compiled_autograd.compiled.compiled_args import Key, fold_hash, KEY_SEED
+from compiled_autograd.examples import build
+from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
+from test_dynamic_shapes import *  # noqa: F401,F403  (and the dynamic-shape ones)
+
+# (The imported tests' own pytestmark is replaced by this one: keep their fixture.)
+pytestmark = [pytest.mark.usefixtures("fresh_compiled_cache")]
+
+
+@pytest.fixture(autouse=True, params=["python"])
+def backend(request):
+    """Overrides test_compiled's: one backend is enough to exercise the keys."""
+    test_compiled.BACKEND = request.param
+    yield request.param
+    test_compiled.BACKEND = "eager"
+
+
+@pytest.fixture(autouse=True)
+def checked():
+    forward_key.check_key(True)
+    yield
+    forward_key.check_key(False)
+
+
+def _taken(fn):
+    """Run ``fn``; how many backwards took the forward's segment meanwhile."""
+    before = forward_key.stats["taken"]
+    fn()
+    return forward_key.stats["taken"] - before
+
+
+def _compiled_backward(loss, **kw):
+    with ca.compiled_backward(backend="python"):
+        loss.backward(**kw)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("mlp", dict(layers=3, width=8, batch=4)),
+    ("transformer", dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)),
+])
+def test_bundled_models_take_the_segment_and_match_eager(name, kw):
+    ex = build(name, **kw)
+    ex.loss().backward()
+    eager = [p.grad.numpy().copy() for p in ex.parameters()]
+    for _ in range(2):                       # a miss, then a hit
+        for p in ex.parameters():
+            p.grad = None
+        ca.compiled_backward(backend="python")   # (keeps segments from here on)
+        loss = ex.loss()
+        assert _taken(lambda: _compiled_backward(loss)) == 1
+        for e, p in zip(eager, ex.parameters()):
+            np.testing.assert_array_equal(p.grad.numpy(), e)
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1
+
+
+def _forward():
+    x = ca.tensor(np.linspace(-1.0, 1.0, 6).reshape(2, 3), requires_grad=True)
+    w = ca.tensor(np.linspace(0.5, 1.5, 3), requires_grad=True)
+    h = (x * w).tanh()
+    return x, w, h, (h * h).sum()
+
+
+def _eager_grads(change=None):
+    x, w, h, loss = _forward()
+    if change is not None:
+        change(x, w, h)
+    loss.backward()
+    return x.grad.numpy(), w.grad.numpy()
+
+
+def _hook_on_intermediate(x, w, h):
+    h.register_hook(lambda g: g * 2)
+
+
+def _retain_intermediate(x, w, h):
+    h.retain_grad()
+
+
+def _hook_on_leaf(x, w, h):
+    w.register_hook(lambda g: g * 3)
+
+
+def _unrelated_write(x, w, h):
+    ca.zeros(3).add_(1.0)                    # moves the write clock, changes no saved value
+
+
+@pytest.mark.parametrize("change,takes", [
+    (None, True),
+    (_hook_on_intermediate, False),        # a node gained a hook: walk
+    (_retain_intermediate, False),
+    (_hook_on_leaf, True),                 # leaves are collected at the backward
+    (_unrelated_write, True),              # versions checked one by one, all unchanged
+])
+def test_what_changes_after_the_forward(change, takes):
+    want = _eager_grads(change)
+    ca.compiled_backward(backend="python")
+    for _ in range(2):
+        x, w, h, loss = _forward()
+        if change is not None:
+            change(x, w, h)
+        assert _taken(lambda: _compiled_backward(loss)) == int(takes)
+        np.testing.assert_array_equal(x.grad.numpy(), want[0])
+        np.testing.assert_array_equal(w.grad.numpy(), want[1])
+
+
+def test_a_modified_saved_value_fails_as_eager():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
+    a = x * 1.0
+    b = a.sin()
+    a.add_(1.0)                              # a's node is rebased: the graph is not the segment's
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _compiled_backward(b.sum())
+    y = x.exp()
+    z = (y * 2).sum()
+    with ca.no_grad():
+        y.mul_(2.0)                          # no node: the segment is whole, the value is not
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _compiled_backward(z)
+
+
+def test_a_second_backward_fails_as_eager_and_retain_graph_works():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
+    loss = (x.exp() * 2).sum()
+    assert _taken(lambda: _compiled_backward(loss)) == 1
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _compiled_backward(loss)
+    x.grad = None
+    loss = (x.exp() * 2).sum()
+    assert _taken(lambda: _compiled_backward(loss, retain_graph=True)) == 1
+    assert _taken(lambda: _compiled_backward(loss)) == 0      # (the segment ended)
+    np.testing.assert_allclose(x.grad.numpy(), 4 * np.exp(np.arange(1.0, 5.0)))
+
+
+def test_two_forwards_summed_take_one_segment_and_one_alone_walks():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
+    first, second = (x * 2).sum(), (x.exp()).sum()
+    assert _taken(lambda: _compiled_backward(first + second)) == 1
+    np.testing.assert_allclose(x.grad.numpy(), 2 + np.exp(np.arange(1.0, 4.0)))
+    x.grad = None
+    first, second = (x * 2).sum(), (x.exp()).sum()
+    assert _taken(lambda: _compiled_backward(first)) == 0      # not the whole segment
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 2.0))
+    assert _taken(lambda: _compiled_backward(second)) == 0     # (the segment ended)
+    np.testing.assert_allclose(x.grad.numpy(), 2 + np.exp(np.arange(1.0, 4.0)))
+
+
+def test_graphs_the_segment_cannot_describe_walk():
+    class Double(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
+    cases = [
+        lambda: _compiled_backward(Double.apply(x.sin()).sum()),        # a custom Function
+        lambda: _compiled_backward((x * 1.0).sum(), inputs=[x]),        # inputs=
+        lambda: ca.autograd.grad((x * 3).sum(), [x]),                   # (outside compiled)
+    ]
+    for case in cases:
+        assert _taken(case) == 0
+    v = x * 1.0
+    v[1:].mul_(2.0)                          # in place on a view: CopySlices
+    assert _taken(lambda: _compiled_backward(v.sum())) == 0
+    with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        loss = (x.exp() * x).sum()
+    assert _taken(lambda: _compiled_backward(loss)) == 0     # saved-tensor hooks
+
+
+def test_a_forward_on_another_thread_walks():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
+    out = []
+    t = threading.Thread(target=lambda: out.append((x.exp() * 2).sum()))
+    t.start()
+    t.join()
+    assert _taken(lambda: _compiled_backward(out[0])) == 0
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(np.arange(1.0, 4.0)))
+
+
+def test_a_dropped_graph_frees_its_saved_values():
+    """The segment holds the saved variables; when the forward's graph is dropped
+    without a backward, they (and their arrays) go at once."""
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.ones((64, 64)), requires_grad=True)
+    h = x.exp()
+    watched = weakref.ref(h._data)
+    loss = (h * 2).sin().sum()
+    del h
+    assert watched() is not None
+    gc.disable()                             # (freed by reference counts alone)
+    try:
+        del loss
+        assert watched() is None
+    finally:
+        gc.enable()
+
+
+def test_the_segment_holds_no_array():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.ones(8), requires_grad=True)
+    loss = (x.exp() * 2).sum()
+    segment = forward_key._local.segment
+    assert segment.pure and segment.args.saved and not segment.args.inputs
+    assert _taken(lambda: _compiled_backward(loss)) == 1
+
+
+def test_the_forward_pays_nothing_until_compiled_autograd_is_used():
+    import subprocess
+    import sys
+    code = ("import compiled_autograd as ca\n"
+            "from compiled_autograd.autograd import dispatch\n"
+            "print(dispatch.node_made is None)\n"
+            "ca.compiled_backward(backend='python')\n"
+            "print(dispatch.node_made is not None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+    assert dispatch.node_made is forward_key.node_made      # (this process used it)
+
+
+def test_the_key_hash_folds_its_items():
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
+    roots = ca.autograd.engine.make_root_grads([(x.exp() * 2).sum()], None, False)
+    collected, key = forward_key.take(roots, None, True)
+    walked = compiled_args.collect(ca.autograd.engine.make_task(roots, True, False), roots,
+                                   record=False).freeze()
+    assert key == walked and hash(key) == hash(walked) == fold_hash(KEY_SEED, tuple(key))
+    assert all(a is b for a, b in zip(key, walked))      # interned: compared by identity
+    assert Key(list(key)) == key
+
+
+def test_fresh_leaves_whose_ids_are_reused():
+    """Leaf tensors made and dropped every step, of changing rank: a part kept for
+    a dead tensor is never taken for a new one that got its id (once it was)."""
+    ca.compiled_backward(backend="python")
+    for i in range(40):
+        x = ca.tensor(np.ones((2,) * (1 + i % 3)), requires_grad=True)
+        _compiled_backward((x * 2).sum())
+        np.testing.assert_array_equal(x.grad.numpy(), np.full(x.shape, 2.0))
+        del x
