@@ -189,9 +189,39 @@ def test_graphs_the_segment_cannot_describe_walk():
     v = x * 1.0
     v[1:].mul_(2.0)                          # in place on a view: CopySlices
     assert _taken(lambda: _compiled_backward(v.sum())) == 0
+
+
+def _under_identity_hooks(f, x):
     with ca.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        loss = (x.exp() * x).sum()
-    assert _taken(lambda: _compiled_backward(loss)) == 0     # saved-tensor hooks
+        return f(x)
+
+
+def _checkpointed(f, x):
+    from compiled_autograd.utils.checkpoint import checkpoint
+    return checkpoint(f, x, use_reentrant=False)
+
+
+def _offloaded(f, x):
+    with ca.autograd.graph.save_on_disk():
+        return f(x)
+
+
+@pytest.mark.parametrize("under", [_under_identity_hooks, _checkpointed, _offloaded])
+def test_values_under_saved_tensor_hooks_take_the_segment(under):
+    """The unpack hooks and packed data are read from the saved variables at the
+    backward, as the walk collects them (check_key compares them by identity)."""
+    def f(x):
+        return (x.exp() * x).sin().sum()
+
+    x = ca.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+    f(x).backward()
+    want = x.grad.numpy().copy()
+    ca.compiled_backward(backend="python")
+    for _ in range(2):
+        x.grad = None
+        loss = under(f, x)
+        assert _taken(lambda: _compiled_backward(loss)) == 1
+        np.testing.assert_array_equal(x.grad.numpy(), want)
 
 
 def test_a_forward_on_another_thread_walks():

@@ -12,15 +12,16 @@ segment by distance, and leaves by first reference.
 A backward takes the segment (``take``) when its graph is exactly the segment:
 - one root, the segment's newest node, which every other node of the segment
   leads to (each was pointed to by a later one: one node is left unconsumed);
-- every edge out of the segment goes to a leaf's AccumulateGrad, and every saved
-  value is a plain one (no saved-tensor hooks, no memory plan): ``pure``;
+- every edge out of the segment goes to a leaf's AccumulateGrad, and no saved
+  value is one a memory plan recomputes: ``pure``;
 - no hook was registered on a node since the segment began (``hooks.node_hook_clock``);
 - no saved value was released or modified in place: checked value by value, and
   only when the release or write clock moved since the segment began.
 The leaves (whose hooks may change between forward and backward) and the roots are
 collected then, with the same code, after the segment's part: the canonical order
-again. The saved arrays are read from the saved variables then, so the segment
-holds no array the graph does not hold. In every other case ``take`` returns None
+again. The saved arrays (or, under saved-tensor hooks, the unpack hooks and packed
+data) are read from the saved variables then, so the segment holds nothing the
+graph does not hold. In every other case ``take`` returns None
 and ``compiled_args.collect`` walks the graph; it also raises eager's errors.
 
 ``CA_CHECK_KEY=1`` in the environment (or ``check_key(True)``) collects both ways on
@@ -100,6 +101,7 @@ class Segment:
         self.unconsumed: dict = {}    # position -> weak reference, for nodes no later one points to
         self.pure = True
         self.closed = False
+        self.hooked = False           # some value is saved under saved-tensor hooks
         self._on_drop = _on_drop(weakref.ref(self))    # (no cycle through the segment)
         self._intern = compiled_args.interned()
         self.hook_clock = _hooks.node_hook_clock
@@ -118,15 +120,26 @@ class Segment:
         except Exception:           # (a node made elsewhere; an error the backward will raise)
             self.spoil()
             return
-        if args.recipes or args.hooks or args.packed_data or args.release_nodes:
-            self.spoil()            # a value under saved-tensor hooks or a plan: walk
+        if args.recipes or args.release_nodes:
+            self.spoil()            # a value a memory plan recomputes: walk
             return
-        inputs = args.inputs
-        if inputs:
-            if len(inputs) != len(saved) - n_saved:
-                self.spoil()        # (only saved arrays are expected)
+        # The saved values' arrays, unpack hooks and packed data are read again at
+        # the backward (``_values``): the segment holds only the saved variables.
+        inputs, hooks = args.inputs, args.hooks
+        n_hooked = 0
+        if hooks:
+            n_hooked = sum(sv.unpack_hook is not None for sv in saved[n_saved:])
+            if len(hooks) != n_hooked or len(args.packed_data) != n_hooked:
+                self.spoil()
                 return
-            inputs.clear()          # (read again at the backward: no array held here)
+            hooks.clear()
+            args.packed_data.clear()
+            self.hooked = True
+        if inputs:
+            if len(inputs) + n_hooked != len(saved) - n_saved:
+                self.spoil()        # (only saved values are expected)
+                return
+            inputs.clear()
         h, interned = self.hash, self._intern
         for k in range(n_key, len(key)):
             item = key[k]
@@ -201,15 +214,18 @@ def _take(segment, roots, input_edges, accumulate):
             return None                         # (the walk raises eager's error)
     if tensor_base.write_clock != segment.write_clock:
         for sv in saved:
-            if sv._version_counter.value != sv.saved_version:
+            if sv.unpack_hook is None and sv._version_counter.value != sv.saved_version:
                 return None                     # (the walk raises eager's error)
     args = CompiledNodeArgs(record=False)
     args.key = list(part.key)
     args.sizes = list(part.sizes)
     args.scalars = list(part.scalars)
     args.saved = list(saved)
-    args.inputs = [sv._data if sv._tensor is None else sv._tensor._data for sv in saved]
-    args.plain_saved = True
+    if segment.hooked:
+        _values(args, saved)
+    else:
+        args.inputs = [sv._data if sv._tensor is None else sv._tensor._data for sv in saved]
+        args.plain_saved = True
     key = args.key
     h = _collect_leaves(args, list(segment.leaves), segment.hash)
     n_key = len(key)
@@ -301,6 +317,18 @@ def _leaf_part(leaf):
     part = _leaf_parts[key] = (ref, variable._data, items, tuple(args.sizes),
                                *hash_part(items))
     return part
+
+
+def _values(args, saved) -> None:
+    """The saved values' runtime values, as ``CompiledNodeArgs._saved`` collects
+    them: an array, or (under saved-tensor hooks) the unpack hook and packed data."""
+    inputs, hooks, packed = args.inputs, args.hooks, args.packed_data
+    for sv in saved:
+        if sv.unpack_hook is None:
+            inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
+        else:
+            hooks.append(sv.unpack_hook)
+            packed.append(sv.packed)
 
 
 def _newest(fn):
