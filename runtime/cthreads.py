@@ -35,7 +35,7 @@ from pathlib import Path
 from runtime import cbuild
 
 SOURCE = Path(__file__).with_name("cthreads.c")
-_lock = threading.Lock()
+_lock = threading.RLock()   # (share_blas_threads may build the library)
 _state: dict = {}        # compiler -> (enabled, status, loaded library or None)
 _shared = None            # the BLAS callback: None (not tried), or its status line
 
