@@ -107,6 +107,7 @@ class CProgram:
         self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
+        self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
 
 
 class Emitter:

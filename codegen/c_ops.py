@@ -6,6 +6,8 @@ name. Elementwise prims share one loop template (their expression is the
 record's); view prims make no code, only a new layout (``c_layout``)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
@@ -146,6 +148,23 @@ def _argmax(e, node, low):
 
 # ---------------------------------------------------------------- BLAS
 
+class Gemm(NamedTuple):
+    """One BLAS call site of a program, as the C calls it (``batch`` times, on
+    ``batch`` different blocks), for timing the same calls alone
+    (benchmarks/backward.py: the GEMM floor)."""
+    dtype: np.dtype
+    ta: str
+    tb: str
+    M: object
+    N: object
+    K: object
+    lda: object
+    ldb: object
+    ldc: object
+    batch: object
+    beta: float
+
+
 def _blas_layout(v: Val, rows, cols):
     """(transpose flag, leading dimension) to read ``v``'s last two dims as a
     rows x cols matrix without copying, or None."""
@@ -210,6 +229,7 @@ def _matmul(e, node, low):
     omp = (pragma(prod(sizes) // 32, collapse=len(batch))
            if batch and all(isinstance(d, int) for d in sizes) and rows * N * K <= 65536 * 4
            else "")
+    e.prog.gemms.append(Gemm(out.dtype, ta, tb, rows, N, K, lda, ldb, N, prod(batch), 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
                    omp=omp,
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
@@ -233,6 +253,8 @@ def _linear(e, node, low):
     if bias is not None:
         e.emit(e.copy_into(out, bias))
     fn, suffix = _gemm_prefix(out.dtype)
+    e.prog.gemms.append(Gemm(out.dtype, "CblasNoTrans", tb, rows, n_out, n_in, n_in, ldw, n_out,
+                             1, 1.0 if bias is not None else 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
                    N=c_expr(n_out), K=c_expr(n_in), lda=c_expr(n_in), ldb=c_expr(ldw),
                    ldc=c_expr(n_out), loops=[], a=f"{e.ptr(x)} + {c_expr(x.offset)}",
