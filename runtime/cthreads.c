@@ -23,6 +23,21 @@ int ca_openmp_probe(void) {
 
 typedef void (*ca_dojob)(int thread, void *job, int data);
 
+/* OpenBLAS runs job i as "thread" i: it marks slot i of its own pool busy while the
+   job runs, and works in that slot's buffer. Its pool's workers use slots
+   0 .. pool - 2, and a worker that finds its slot marked busy when its idle
+   spin times out spins on (it never sleeps while the jobs keep coming: one
+   spinning thread too many). So the jobs take the slots above the pool's, where
+   there are enough (ca_blas_slots: the pool's size, read at each call, and how
+   many slots there are); else from slot 0 (slower, not wrong). */
+static const int *ca_pool_size;
+static int ca_slots;
+
+void ca_blas_slots(const int *pool_size, int slots) {
+  ca_pool_size = pool_size;
+  ca_slots = slots;
+}
+
 struct ca_job { ca_dojob dojob; int i; void *job; int data; };
 
 static void *ca_job_thread(void *arg) {
@@ -36,25 +51,27 @@ static void *ca_job_thread(void *arg) {
    where OpenMP cannot promise that many (inside a parallel region, where teams
    do not nest; dynamic teams; a thread limit), on threads started here. */
 static void ca_run_jobs(ca_dojob dojob, int numjobs, char *base, size_t size, int data) {
+  int first = ca_pool_size ? *ca_pool_size : 0;
+  if (first + numjobs > ca_slots) first = 0;
   if (numjobs <= 1) {
-    if (numjobs == 1) dojob(0, base, data);
+    if (numjobs == 1) dojob(first, base, data);
     return;
   }
   if (!omp_in_parallel() && !omp_get_dynamic() && omp_get_thread_limit() >= numjobs) {
     #pragma omp parallel for num_threads(numjobs) schedule(static, 1)
-    for (int i = 0; i < numjobs; i++) dojob(i, base + (size_t)i * size, data);
+    for (int i = 0; i < numjobs; i++) dojob(first + i, base + (size_t)i * size, data);
     return;
   }
   pthread_t threads[64];
   struct ca_job job[64];
   int started[64] = {0};
   for (int i = 1; i < numjobs && i < 64; i++) {
-    job[i] = (struct ca_job){dojob, i, base + (size_t)i * size, data};
+    job[i] = (struct ca_job){dojob, first + i, base + (size_t)i * size, data};
     started[i] = pthread_create(&threads[i], NULL, ca_job_thread, &job[i]) == 0;
     if (!started[i]) ca_job_thread(&job[i]);   /* (then a level-3 job may wait forever:
                                                   no thread could be started at all) */
   }
-  dojob(0, base, data);
+  dojob(first, base, data);
   for (int i = 1; i < numjobs && i < 64; i++)
     if (started[i]) pthread_join(threads[i], NULL);
 }

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def _install() -> str:
         return (f"BLAS on its own threads ({blas.name} has no {blas.threads_callback}: "
                 f"OpenBLAS >= 0.3.27 has)")
     setter.argtypes = [ctypes.c_void_p]
+    _place_jobs(lib)
     callback = ctypes.cast(lib.ca_blas_jobs, ctypes.c_void_p)
     setter(callback)
 
@@ -109,6 +111,23 @@ def _install() -> str:
         lib.ca_after_fork_in_child()
     os.register_at_fork(after_in_child=after_fork_in_child)
     return "BLAS threads on the OpenMP pool"
+
+
+def _place_jobs(lib):
+    """Tell the callback where OpenBLAS's pool size is and how many thread slots
+    it has (its MAX_THREADS), so that the jobs keep off the pool's slots
+    (cthreads.c); where either cannot be read, the jobs take slots from 0."""
+    blas_lib = _blas_library()
+    names = cbuild.blas()
+    try:
+        pool = ctypes.c_int.in_dll(blas_lib, "blas_num_threads")
+        get_config = getattr(blas_lib, names.threads.replace("get_num_threads", "get_config"))
+    except (ValueError, AttributeError):
+        return
+    get_config.restype = ctypes.c_char_p
+    found = re.search(rb"MAX_THREADS=(\d+)", get_config() or b"")
+    if found:
+        lib.ca_blas_slots(ctypes.byref(pool), int(found.group(1)))
 
 
 def status() -> str:
