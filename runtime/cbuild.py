@@ -20,10 +20,11 @@ to the ``scipy-openblas32`` wheel if it is installed. The generated C declares t
 two prototypes it calls itself, so no BLAS header is needed.
 
 The generated loops run on several threads through OpenMP (``-fopenmp``, GCC's
-libgomp) where the compiler can build and link an OpenMP library;
-``runtime.cthreads.openmp()`` finds out once and says why not otherwise, and the
-build then goes on without (one thread, the same source). The flags are part of
-the command, so of the library's name.
+libgomp) where the compiler can build and link an OpenMP library: ``openmp()``
+finds out once (building the threads library, ``cthreads.c``) and says why not
+otherwise, and the build then goes on without (one thread, the same source). The
+flags are part of the command, so of the library's name. ``runtime.cthreads``
+runs the BLAS on the same threads.
 
 A missing compiler or a failed build raises ``CBuildError`` naming the command and
 quoting the compiler's stderr.
@@ -95,7 +96,7 @@ def arch_flags() -> list[str]:
     wide = "avx512f" in identity.partition("|")[2].split()
     return ["-march=native"] + (["-mprefer-vector-width=512"] if wide else [])
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # (reentrant: a build's flags may build the threads library)
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
@@ -200,8 +201,47 @@ def _base_flags(threads, extra) -> list[str]:
 
 
 def _flags(extra) -> list[str]:
-    from runtime import cthreads
-    return _base_flags(OPENMP_FLAGS if cthreads.openmp()[0] else (), extra)
+    return _base_flags(OPENMP_FLAGS if openmp()[0] else (), extra)
+
+
+THREADS_SOURCE = Path(__file__).with_name("cthreads.c")
+_threads: dict = {}      # compiler -> (enabled, status, the loaded threads library or None)
+
+
+def openmp() -> tuple[bool, str]:
+    """(whether generated code is built with OpenMP, a one-line status saying why
+    or why not). Found once per process and compiler: the threads library
+    (``cthreads.c``, used by ``runtime.cthreads``) must build with ``-fopenmp``,
+    load (libgomp found) and run a parallel region. ``CA_C_OPENMP=0``: off."""
+    enabled, status, _ = threads_library()
+    return enabled, status
+
+
+def threads_library():
+    """(enabled, status, the loaded threads library or None): see ``openmp``."""
+    key = compiler()
+    if key not in _threads:
+        with _lock:
+            if key not in _threads:
+                _threads[key] = _load_threads()
+    return _threads[key]
+
+
+def _load_threads():
+    if os.environ.get("CA_C_OPENMP", "1") == "0":
+        return False, "one thread: OpenMP disabled by CA_C_OPENMP=0", None
+    source = THREADS_SOURCE.read_text()
+    cmd = _base_flags(OPENMP_FLAGS, ())
+    try:
+        path, _ = _publish(library_path(source, flags=cmd, name="ca_threads"), [source],
+                           lambda srcs, out: [[cmd + [srcs[0], "-o", out, "-lpthread"]]])
+        lib = ctypes.CDLL(str(path))
+        ok = lib.ca_openmp_probe() > 0
+    except (CBuildError, OSError) as e:
+        return False, f"one thread: no OpenMP ({str(e).splitlines()[0]})", None
+    if not ok:
+        return False, "one thread: the OpenMP probe ran no parallel region", None
+    return True, f"OpenMP ({' '.join(OPENMP_FLAGS)})", lib
 
 
 def _libs() -> list[str]:

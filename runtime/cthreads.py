@@ -1,9 +1,10 @@
 """Threads of the C backend: whether the generated loops get OpenMP, and one pool.
 
-``openmp()`` says, once per process and compiler, whether generated code is built
-with ``-fopenmp``: the threads library (``cthreads.c``) must build with it, load
-(libgomp found) and run a parallel region. Otherwise, or with ``CA_C_OPENMP=0``,
-the code is built without and runs on the calling thread; the status says why.
+``openmp()`` (``runtime.cbuild``'s) says, once per process and compiler, whether
+generated code is built with ``-fopenmp``: the threads library (``cthreads.c``)
+must build with it, load (libgomp found) and run a parallel region. Otherwise, or
+with ``CA_C_OPENMP=0``, the code is built without and runs on the calling thread;
+the status says why.
 
 ``share_blas_threads()`` (at the first C backward's build) hands the BLAS's
 threaded parts to the same OpenMP pool: OpenBLAS's callback
@@ -31,47 +32,16 @@ import ctypes
 import os
 import re
 import threading
-from pathlib import Path
 
 from runtime import cbuild
 
-SOURCE = Path(__file__).with_name("cthreads.c")
-_lock = threading.RLock()   # (share_blas_threads may build the library)
-_state: dict = {}        # compiler -> (enabled, status, loaded library or None)
+_lock = threading.Lock()
 _shared = None            # the BLAS callback: None (not tried), or its status line
 
 
 def openmp() -> tuple[bool, str]:
     """(whether generated code is built with OpenMP, a one-line status)."""
-    enabled, status, _ = _library()
-    return enabled, status
-
-
-def _library():
-    key = cbuild.compiler()
-    if key not in _state:
-        with _lock:
-            if key not in _state:
-                _state[key] = _load()
-    return _state[key]
-
-
-def _load():
-    if os.environ.get("CA_C_OPENMP", "1") == "0":
-        return False, "one thread: OpenMP disabled by CA_C_OPENMP=0", None
-    source = SOURCE.read_text()
-    cmd = cbuild._base_flags(cbuild.OPENMP_FLAGS, ())
-    try:
-        path, _ = cbuild._publish(
-            cbuild.library_path(source, flags=cmd, name="ca_threads"), [source],
-            lambda srcs, out: [[cmd + [srcs[0], "-o", out, "-lpthread"]]])
-        lib = ctypes.CDLL(str(path))
-        ok = lib.ca_openmp_probe() > 0
-    except (cbuild.CBuildError, OSError) as e:
-        return False, f"one thread: no OpenMP ({str(e).splitlines()[0]})", None
-    if not ok:
-        return False, "one thread: the OpenMP probe ran no parallel region", None
-    return True, f"OpenMP ({' '.join(cbuild.OPENMP_FLAGS)})", lib
+    return cbuild.openmp()
 
 
 def share_blas_threads() -> str:
@@ -92,7 +62,7 @@ def _blas_library():
 
 
 def _install() -> str:
-    enabled, status, lib = _library()
+    enabled, status, lib = cbuild.threads_library()
     if not enabled:
         return "BLAS on its own threads (no OpenMP)"
     blas = cbuild.blas()
@@ -132,7 +102,7 @@ def _place_jobs(lib):
 
 def status() -> str:
     """One line: how the generated code runs its loops and its GEMMs."""
-    enabled, line, _ = _library()
+    enabled, line, _ = cbuild.threads_library()
     return f"{line}; {_shared or 'BLAS on its own threads (no C backward built yet)'}" \
         if enabled else line
 
@@ -143,7 +113,7 @@ def threads(loops=None, blas=None):
     on at most ``loops`` threads (OpenMP's limit, per calling thread), and the
     BLAS on ``blas`` (``openblas_set_num_threads``: the whole process). For
     comparing thread counts in one process (tests, benchmarks); needs OpenMP."""
-    enabled, status, lib = _library()
+    enabled, status, lib = cbuild.threads_library()
     if not enabled:
         raise RuntimeError(f"compiled autograd: no threads to set ({status})")
     names = cbuild.blas()

@@ -140,7 +140,7 @@ def test_openmp_flags_are_part_of_the_library_name(monkeypatch):
     _needs_openmp()
     threaded = cbuild.library_path("int f(void) { return 1; }")
     assert "-fopenmp" in cbuild.command("a.c", "a.so")
-    monkeypatch.setitem(cthreads._state, cbuild.compiler(), (False, "off", None))
+    monkeypatch.setitem(cbuild._threads, cbuild.compiler(), (False, "off", None))
     assert "-fopenmp" not in cbuild.command("a.c", "a.so")
     assert cbuild.library_path("int f(void) { return 1; }") != threaded
 
