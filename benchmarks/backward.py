@@ -10,10 +10,19 @@ call_backward node) or is traced into the graph (``custom_fn_inlined``:
 medians, at 1 thread and at the default thread count (each in a fresh process,
 since BLAS threads are fixed at start-up). Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
-capture+codegen and the cache hit alone are reported too (with the cache hit's walks
-in C, the default, and in Python), and the C build time of the
-transformer's backward: cold (a fresh cache directory) and cached (a second process
-that finds the library).
+capture+codegen and the cache hit alone are reported too (with the key the forward
+kept, compiled/forward_key.py, the default, and walking the graph for it), the
+forward's time keeping that key and without (as before compiled autograd's first
+use), and the C build time of the transformer's backward: cold (a fresh cache
+directory) and cached (a second process that finds the library).
+
+The GEMM floor of the large MLP and the transformer: the BLAS calls of the
+compiled C program (``CProgram.gemms``: shapes, transposes, leading dimensions,
+dtype, batch), made alone in the same order by a small generated C function
+through the same BLAS symbol and library the backward links, with the same
+threads (the BLAS's jobs on the OpenMP pool); its median beside the "c"
+backward's and torch's. (A batch of small products runs one after another here,
+where the backward may spread it over threads.)
 
     python benchmarks/backward.py [--reps N] [--quick]
 """
@@ -30,6 +39,7 @@ import time
 
 CASES = ("small_mlp", "chain", "large_mlp", "transformer", "custom_fn_python",
          "custom_fn_inlined")
+FLOOR_CASES = ("large_mlp", "transformer")
 
 
 def _chain(lib):
@@ -170,7 +180,7 @@ def measure(reps):
     for case in CASES:
         n = max(3, reps // 10) if case in ("large_mlp", "transformer") else reps
         make_loss, params = _ca_setup(case)
-        row = {"eager": _median_backward(make_loss, params, n, lambda l: l.backward())}
+        row = {"eager": _median_backward(make_loss, params, n, lambda loss: loss.backward())}
         for backend in ("eager", "python", "c"):
             ca.reset_compiled_autograd()
 
@@ -188,11 +198,64 @@ def measure(reps):
         row["cache hit alone"] = _cache_hit_time(make_loss, n)
         row["hit, walked"] = _cache_hit_time(make_loss, n, kept=False)
         row["forward"], row["forward, no key"] = _forward_times(make_loss, n)
+        if case in FLOOR_CASES:
+            row["gemm floor"], row["gemm calls"] = gemm_floor(case, n)
         if torch is not None:
             t_loss, t_params = _torch_setup(case)
-            row["torch"] = _median_backward(t_loss, t_params, n, lambda l: l.backward())
+            row["torch"] = _median_backward(t_loss, t_params, n, lambda loss: loss.backward())
         out[case] = row
     return out
+
+
+FLOOR_C = """{% include "prelude.c.j2" %}
+void ca_gemm_floor(void **p) {
+{% for g in gemms %}
+  for (int64_t i = 0; i < {{ g.batch }}; i++)
+    {{ g.fn }}(CblasRowMajor, {{ g.ta }}, {{ g.tb }}, {{ g.M }}, {{ g.N }}, {{ g.K }}, 1.0{{ g.f }},
+        ({{ g.T }} *)p[{{ 3 * loop.index0 }}] + i * {{ g.sizes[0] }}, {{ g.lda }},
+        ({{ g.T }} *)p[{{ 3 * loop.index0 + 1 }}] + i * {{ g.sizes[1] }}, {{ g.ldb }},
+        {{ g.beta }}{{ g.f }}, ({{ g.T }} *)p[{{ 3 * loop.index0 + 2 }}] + i * {{ g.sizes[2] }},
+        {{ g.ldc }});
+{% endfor %}
+}
+"""
+
+
+def gemm_floor(case, reps):
+    """(median seconds of the case's C backward's GEMM calls alone, how many calls)."""
+    import ctypes
+
+    import numpy as np
+
+    import compiled_autograd as ca
+    from codegen.c import generate
+    from codegen.c_text import ENV
+    from runtime import cbuild, cthreads
+    make_loss, _ = _ca_setup(case)
+    gemms = generate(ca.trace_backward(make_loss()).graph).gemms
+    rng = np.random.default_rng(0)
+    calls, arrays = [], []
+    for g in gemms:
+        rows_a, cols_a = (g.M, g.K) if g.ta == "CblasNoTrans" else (g.K, g.M)
+        rows_b, cols_b = (g.K, g.N) if g.tb == "CblasNoTrans" else (g.N, g.K)
+        sizes = [(rows_a - 1) * g.lda + cols_a, (rows_b - 1) * g.ldb + cols_b,
+                 (g.M - 1) * g.ldc + g.N]
+        arrays += [rng.standard_normal(g.batch * n).astype(g.dtype) for n in sizes]
+        single = np.dtype(g.dtype) == np.float32
+        calls.append(dict(g._asdict(), sizes=sizes, fn="ca_sgemm" if single else "ca_dgemm",
+                          f="f" if single else "", T="float" if single else "double"))
+    source = ENV.from_string(FLOOR_C).render(gemms=calls, blas=cbuild.blas(),
+                                             data_offset=cbuild.array_data_offset())
+    fn = cbuild.load(cbuild.build(source)[0]).ca_gemm_floor
+    cthreads.share_blas_threads()       # the backward's BLAS threads
+    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    times = []
+    for i in range(reps + 2):
+        start = time.perf_counter()
+        fn(pointers)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), sum(g.batch for g in gemms)
 
 
 def _cache_hit_time(make_loss, reps, kept=True):
@@ -292,6 +355,17 @@ def main():
                   f"{row['hit, walked'] / row['eager']:>11.3f}"
                   f"{_fmt(row['forward']):>11}{_fmt(row['forward, no key']):>10}"
                   f"{row['forward'] / row['forward, no key']:>7.2f}")
+    print("\nGEMM floor: the C backward's BLAS calls alone (same library, symbols, threads)")
+    print(f"{'threads':<9}{'case':<13}{'calls':>6}{'floor':>11}{'graph:c':>11}{'c/floor':>9}"
+          f"{'torch':>11}{'torch/floor':>13}")
+    for threads, res in results.items():
+        for case in FLOOR_CASES:
+            row = res[case]
+            torch_cells = (f"{_fmt(row['torch']):>11}{row['torch'] / row['gemm floor']:>13.2f}"
+                           if "torch" in row else f"{'-':>11}{'-':>13}")
+            print(f"{threads:<9}{case:<13}{row['gemm calls']:>6}{_fmt(row['gemm floor']):>11}"
+                  f"{_fmt(row['graph:c']):>11}{row['graph:c'] / row['gemm floor']:>9.2f}"
+                  + torch_cells)
     cold, cached = _build_times()
     print(f"\nC backend, transformer backward: generate {_fmt(cold['generate'])}, "
           f"build {_fmt(cold['build'])} (cold, compiled={cold['compiled']}), "

@@ -7,19 +7,29 @@ and GELU's backward loop over one transformer layer's 512x512 activations three
 ways: libm's scalar erff/expf, the backend's vectorisable ca_erff/ca_expf, and the
 one helper the backend generates for the gelu_backward prim (ca_gelu_grad_f: one
 exp shared by erf's tail and the density), built with the backend's own flags.
+Last, the transformer's generated C by kind of statement -- the BLAS calls
+against the generated loops (elementwise, reductions over rows or columns,
+row-wise softmax / layer_norm) -- at 1 thread and at the default thread count
+(each in a fresh process): the C built once more with a clock read before each
+statement, in a private cache directory.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if "--kinds-worker" not in sys.argv:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 
@@ -109,11 +119,13 @@ GELU_LOOPS = """
 {% include "math.h.j2" %}
 void gelu_libm(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
-    out[i] = g[i] * ((erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * expf(x[i] * x[i] * -0.5f) * 0.39894228f);
+    out[i] = g[i] * ((erff(x[i] * 0.70710678f) + 1.0f) * 0.5f
+                     + x[i] * expf(x[i] * x[i] * -0.5f) * 0.39894228f);
 }
 void gelu_ca(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
-    out[i] = g[i] * ((ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f);
+    out[i] = g[i] * ((ca_erff(x[i] * 0.70710678f) + 1.0f) * 0.5f
+                     + x[i] * ca_expf(x[i] * x[i] * -0.5f) * 0.39894228f);
 }
 void gelu_fused(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
@@ -144,10 +156,117 @@ def gelu_loops(reps):
     return row
 
 
+_CLOCK = """#define _POSIX_C_SOURCE 199309L
+#include <time.h>
+extern double ca_stmt_seconds[8192]; extern double ca_stmt_last; extern int ca_stmt_now;
+static inline void ca_stmt(int id) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+  double n = t.tv_sec + t.tv_nsec * 1e-9;
+  if (ca_stmt_now >= 0) ca_stmt_seconds[ca_stmt_now] += n - ca_stmt_last;
+  ca_stmt_now = id; clock_gettime(CLOCK_MONOTONIC, &t);
+  ca_stmt_last = t.tv_sec + t.tv_nsec * 1e-9; }
+"""
+_END = 8191
+
+
+def statement_kind(text):
+    """What a generated C statement is, from its text."""
+    if "gemm(" in text:
+        return "GEMM (BLAS)"
+    if "cb(" in text:
+        return "callback"
+    if "*xr" in text:
+        return "loops: softmax / layer_norm rows"
+    if "int64_t j =" in text:
+        return "loops: gather / index"
+    if "acc =" in text:
+        return "loops: reduction over rows"
+    if "for (int64_t k = 0" in text:
+        return "loops: reduction over columns"
+    return "loops: elementwise / copy"
+
+
+def statement_kinds(case, reps):
+    """{kind: [statements, seconds per backward]}, and the whole backward's median."""
+    import backward
+    import compiled_autograd as ca
+    from codegen import c as c_emitter
+    from runtime import cbuild
+    kinds = []
+    emit, build, load = c_emitter.Emitter.emit, cbuild.build, cbuild.load
+
+    def timed_emit(self, text, source="", sets=()):
+        kinds.append(statement_kind(text))
+        return emit(self, f"ca_stmt({len(kinds) - 1});\n{text}", source, sets)
+
+    def timed_build(sources, *a, **k):
+        sources = [_CLOCK + ("double ca_stmt_seconds[8192]; double ca_stmt_last; "
+                             "int ca_stmt_now = -1;\n" if i == 0 else "")
+                   + src.replace("  return 0;\n}", f"  ca_stmt({_END});\n  return 0;\n}}")
+                   for i, src in enumerate(sources)]
+        return build(sources, *a, **k)
+    libs = []
+    c_emitter.Emitter.emit, cbuild.build = timed_emit, timed_build
+    cbuild.load = lambda path: libs.append(load(path)) or libs[-1]
+    make_loss, params = backward._ca_setup(case)
+    whole = []
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["CA_CACHE_DIR"] = cache
+            ca.reset_compiled_autograd()
+            for i in range(reps + 3):
+                if i == 3:    # after the miss and two warm-up calls
+                    seconds = (ctypes.c_double * 8192).in_dll(libs[-1], "ca_stmt_seconds")
+                    ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
+                loss = make_loss()
+                start = time.perf_counter()
+                with ca.compiled_backward(backend="c"):
+                    loss.backward()
+                whole.append(time.perf_counter() - start)
+                for p in params:
+                    p.grad = None
+    finally:
+        c_emitter.Emitter.emit, cbuild.build, cbuild.load = emit, build, load
+        ca.reset_compiled_autograd()
+    out = collections.defaultdict(lambda: [0, 0.0])
+    for k, kind in enumerate(kinds):
+        out[kind][0] += 1
+        out[kind][1] += seconds[k] / reps
+    return dict(out), statistics.median(whole[3:])
+
+
+def print_statement_kinds(reps):
+    rows = {}
+    for threads in ("1", "default"):
+        env = dict(os.environ)
+        if threads == "1":
+            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        else:
+            for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+                env.pop(name, None)
+        done = subprocess.run([sys.executable, __file__, "--kinds-worker", "--reps", str(reps)],
+                              env=env, capture_output=True, text=True, check=True)
+        rows[threads] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\ntransformer's generated C by statement kind (clock per statement), mean of "
+          f"{reps}; whole backward median (instrumented): " +
+          ", ".join(f"{t} thread(s) {_fmt(r['whole'])}" for t, r in rows.items()))
+    print(f"{'kind':<34}{'stmts':>6}" + "".join(f"{t + ' thr':>14}" for t in rows))
+    kinds = sorted(rows["1"]["kinds"], key=lambda k: -rows["1"]["kinds"][k][1])
+    for kind in kinds:
+        print(f"{kind:<34}{rows['1']['kinds'][kind][0]:>6}" + "".join(
+            f"{_fmt(r['kinds'].get(kind, [0, 0.0])[1]):>14}" for r in rows.values()))
+    print(f"{'all statements':<34}{'':>6}" + "".join(
+        f"{_fmt(sum(v[1] for v in r['kinds'].values())):>14}" for r in rows.values()))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--kinds-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.kinds_worker:
+        kinds, whole = statement_kinds("transformer", args.reps)
+        print(json.dumps({"kinds": kinds, "whole": whole}))
+        return
     print(f"1 thread; medians of {args.reps}")
     print(f"{'case':<12}{'whole, C call':>15}{'whole, Python call':>20}{'C function':>12}"
           f"{'rest, C call':>14}")
@@ -161,6 +280,7 @@ def main():
     row = gelu_loops(max(10, args.reps // 5))
     print("GELU backward loop, 262,144 floats: " +
           ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
+    print_statement_kinds(max(5, args.reps // 5))
 
 if __name__ == "__main__":
     main()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 
-from codegen import c_memory, c_ops
+from codegen import c_memory, c_ops, c_threads
 from codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
 from codegen.c_text import ENV as _ENV
 from codegen.c_text import Stmt, literal
@@ -107,6 +107,7 @@ class CProgram:
         self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
+        self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
 
 
 class Emitter:
@@ -280,9 +281,14 @@ class Emitter:
         for j, (offset, _, _) in enumerate(leaves):
             body = body.replace(f"@{j}@", self.index(offset, vecs[j + 1], names))
         target = f"{self.ptr(out)}[{self.index(out.offset, vecs[0], names)}]"
+        # Each element is written once (an overlapping window is not): the outer
+        # loops may run on several threads.
+        omp = (c_threads.pragma(c_threads.work(dims, c_threads.cost(body)),
+                                collapse=max(1, len(dims) - 1))
+               if dims and c_threads.no_overlap(dims, vecs[0]) else "")
         return _ENV.get_template("elementwise.c.j2").render(
             loops=list(zip(names, map(c_expr, dims))), target=target, body=body,
-            op="+=" if accumulate else "=")
+            op="+=" if accumulate else "=", omp=omp)
 
     def reuse_dying_input(self, out: Val, leaves) -> Val:
         """Where ``out`` may live, for a node whose whole C is one loop writing

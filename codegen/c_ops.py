@@ -6,11 +6,14 @@ name. Elementwise prims share one loop template (their expression is the
 record's); view prims make no code, only a new layout (``c_layout``)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
                               expanded, mul, permuted, prod, reshaped, sliced)
 from codegen.c_text import render as _render
+from codegen.c_threads import HEAVY, cost, pragma, work
 
 
 def emit(e, node, lowering):
@@ -104,20 +107,26 @@ def _reduce(e, node, low):
     acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
     init = opt["init"][0 if floating else 1]
     data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc, init=init, value=text)
+    load = work(loop, cost(text))
     if loop and (len(loop) - 1) not in dims and dims:
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
+        # Threads take shares of the last dim's columns (a row of 32 or more).
         n_out = prod([loop[d] for d in kept])
         scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
             acc, out.dtype), (n_out,))
+        wide = not isinstance(loop[-1], int) or loop[-1] >= 32
         e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
                        loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
                        acc_index=e.index(0, out_strides, names),
-                       out_index=c_expr(out.offset), **data))
+                       out_index=c_expr(out.offset),
+                       omp=pragma(load, parallel_for=False) if wide else "", **data))
     else:
+        # Threads take shares of the outputs (never of one output's sum).
         e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
                        inner=[(names[d], c_expr(loop[d])) for d in dims],
-                       out_index=e.index(out.offset, out_strides, names), **data))
+                       out_index=e.index(out.offset, out_strides, names),
+                       omp=pragma(load, collapse=len(kept)) if kept else "", **data))
     e.vals[node] = out
 
 
@@ -129,6 +138,7 @@ def _argmax(e, node, low):
     out = e.fresh(node)
     kept, out_strides, names = _reduced_layout(loop, dims)
     e.emit(_render(low.template, out=e.ptr(out), T=x.ctype,
+                   omp=pragma(work(loop), collapse=len(kept)) if kept else "",
                    outer=[(names[k], c_expr(loop[k])) for k in kept],
                    inner=[(names[k], c_expr(loop[k])) for k in dims],
                    out_index=e.index(out.offset, out_strides, names),
@@ -137,6 +147,23 @@ def _argmax(e, node, low):
 
 
 # ---------------------------------------------------------------- BLAS
+
+class Gemm(NamedTuple):
+    """One BLAS call site of a program, as the C calls it (``batch`` times, on
+    ``batch`` different blocks), for timing the same calls alone
+    (benchmarks/backward.py: the GEMM floor)."""
+    dtype: np.dtype
+    ta: str
+    tb: str
+    M: object
+    N: object
+    K: object
+    lda: object
+    ldb: object
+    ldc: object
+    batch: object
+    beta: float
+
 
 def _blas_layout(v: Val, rows, cols):
     """(transpose flag, leading dimension) to read ``v``'s last two dims as a
@@ -194,7 +221,17 @@ def _matmul(e, node, low):
             lda = merged_lda if dims and dims[0] != 1 else lda
     fn, suffix = _gemm_prefix(out.dtype)
     names = [f"i{k}" for k in range(len(batch))]
+    # The batch on several threads where OpenBLAS keeps each product on one (it
+    # threads one of more than 65536 * 4 multiply-adds: interface/gemm.c): no BLAS
+    # team is then started inside ours. A multiply-add costs about 1/32 of a
+    # simple loop element.
+    sizes = [rows, N, K] + list(batch)
+    omp = (pragma(prod(sizes) // 32, collapse=len(batch))
+           if batch and all(isinstance(d, int) for d in sizes) and rows * N * K <= 65536 * 4
+           else "")
+    e.prog.gemms.append(Gemm(out.dtype, ta, tb, rows, N, K, lda, ldb, N, prod(batch), 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
+                   omp=omp,
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
                    a=f"{e.ptr(a)} + {e.index(a.offset, sa, names)}",
@@ -216,6 +253,8 @@ def _linear(e, node, low):
     if bias is not None:
         e.emit(e.copy_into(out, bias))
     fn, suffix = _gemm_prefix(out.dtype)
+    e.prog.gemms.append(Gemm(out.dtype, "CblasNoTrans", tb, rows, n_out, n_in, n_in, ldw, n_out,
+                             1, 1.0 if bias is not None else 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta="CblasNoTrans", tb=tb, M=c_expr(rows),
                    N=c_expr(n_out), K=c_expr(n_in), lda=c_expr(n_in), ldb=c_expr(ldw),
                    ldc=c_expr(n_out), loops=[], a=f"{e.ptr(x)} + {c_expr(x.offset)}",
@@ -235,6 +274,7 @@ def _softmax(e, node, low):
     xs = [0 if k == d else s for k, s in enumerate(x.strides)]
     os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
     e.emit(_render(low.template, log=low.options["log"], T=x.ctype,
+                   omp=pragma(work(x.shape, HEAVY), collapse=len(outer)) if outer else "",
                    outer=[(names[k], c_expr(x.shape[k])) for k in outer],
                    n=c_expr(x.shape[d]), x=e.ptr(x), out=e.ptr(out),
                    x_base=e.index(x.offset, xs, names), x_step=c_expr(x.strides[d]),
@@ -246,8 +286,10 @@ def _layer_norm(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
     out = e.fresh(node)
+    rows = prod(x.shape[:len(x.shape) - k])
     e.emit(_render(low.template, T=x.ctype, x=f"{e.ptr(x)} + {c_expr(x.offset)}",
-                   out=e.ptr(out), rows=c_expr(prod(x.shape[:len(x.shape) - k])),
+                   omp=pragma(work(x.shape, 4)) if rows != 1 else "",
+                   out=e.ptr(out), rows=c_expr(rows),
                    n=c_expr(prod(x.shape[len(x.shape) - k:])),
                    eps=repr(float(node.kwargs["eps"]))))
     e.vals[node] = out

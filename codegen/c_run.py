@@ -39,7 +39,7 @@ from codegen.python import compile_graph as python_backend
 from compiled_autograd.autograd.node import accumulate_into
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import resolve
-from runtime import cbuild, memory
+from runtime import cbuild, cthreads, memory
 from runtime.extension import Extension
 
 C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),), "the C call",
@@ -74,6 +74,8 @@ class CBackward:
         t0 = time.perf_counter()
         path, self.built_now = cbuild.build(self.prog.sources)
         lib = cbuild.load(path)
+        # One thread pool for the loops and the GEMMs (runtime/cthreads.py).
+        self.threads = cthreads.share_blas_threads() and cthreads.status()
         self.build_seconds = time.perf_counter() - t0
         self.library = path
         fn = lib.ca_backward

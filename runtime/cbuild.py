@@ -1,7 +1,8 @@
 """Building and loading generated C: the system compiler, a private cache, ctypes.
 
 ``build(sources)`` compiles one translation unit, or several at once (one process
-per core), into a shared library and returns its path. Libraries live in a per-user cache directory (``$CA_CACHE_DIR``, else
+per core), into a shared library and returns its path. Libraries live in a
+per-user cache directory (``$CA_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/compiled_autograd/c``, else ``~/.cache/compiled_autograd/c``),
 created with mode 0700, and are named by the SHA-256 of everything that decides the
 binary: the source, the compiler command and flags (with ``$CA_C_EXTRA_FLAGS``,
@@ -17,6 +18,13 @@ the process (two OpenBLAS copies, each with its own spinning threads, slowed eac
 other down). A numpy without a bundled OpenBLAS (conda, a source build) falls back
 to the ``scipy-openblas32`` wheel if it is installed. The generated C declares the
 two prototypes it calls itself, so no BLAS header is needed.
+
+The generated loops run on several threads through OpenMP (``-fopenmp``, GCC's
+libgomp) where the compiler can build and link an OpenMP library: ``openmp()``
+finds out once (building the threads library, ``cthreads.c``) and says why not
+otherwise, and the build then goes on without (one thread, the same source). The
+flags are part of the command, so of the library's name. ``runtime.cthreads``
+runs the BLAS on the same threads.
 
 A missing compiler or a failed build raises ``CBuildError`` naming the command and
 quoting the compiler's stderr.
@@ -46,9 +54,11 @@ WARNING_FLAGS = ("-Wall", "-Wextra")
 # -fno-trapping-math: nothing reads the floating-point exception flags, and without
 # it GCC will not turn the selects of the inline exp/erf into vector blends.
 # (-std=c11 keeps -ffp-contract=off: no a*b+c is fused behind numpy's back.)
-# -fopenmp-simd: the `omp simd` pragmas of the sum loops, nothing else of OpenMP.
+# -fopenmp-simd: the `omp simd` pragmas of the sum loops; -fopenmp (OPENMP_FLAGS,
+# where runtime.cthreads finds that it works) adds the threads of the others.
 OPT_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-fPIC",
              "-shared", "-std=c11")
+OPENMP_FLAGS = ("-fopenmp",)
 
 
 @functools.cache
@@ -86,7 +96,7 @@ def arch_flags() -> list[str]:
     wide = "avx512f" in identity.partition("|")[2].split()
     return ["-march=native"] + (["-mprefer-vector-width=512"] if wide else [])
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # (reentrant: a build's flags may build the threads library)
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
@@ -143,6 +153,8 @@ class Blas:
     sgemm: str
     dgemm: str
     int_type: str        # the C type of its sizes
+    threads: str         # openblas_get_num_threads: its threads, as OpenBLAS counts them
+    threads_callback: str  # openblas_set_threads_callback_function (OpenBLAS >= 0.3.27)
 
 
 _blas = None
@@ -163,14 +175,18 @@ def _find_blas(bundled_first=True) -> Blas:
     if bundled:
         lib = bundled[0]
         return Blas("numpy's scipy-openblas64", str(libs), f":{lib.name}",
-                    "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "int64_t")
+                    "scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "int64_t",
+                    "scipy_openblas_get_num_threads64_",
+                    "scipy_openblas_set_threads_callback_function64_")
     try:
         import scipy_openblas32 as sob
     except ImportError:
         raise CBuildError("the C backend needs an OpenBLAS: this numpy does not bundle one; "
                           "pip install scipy-openblas32") from None
     return Blas("scipy-openblas32", sob.get_lib_dir(), sob.get_library(),
-                "scipy_cblas_sgemm", "scipy_cblas_dgemm", "int")
+                "scipy_cblas_sgemm", "scipy_cblas_dgemm", "int",
+                "scipy_openblas_get_num_threads",
+                "scipy_openblas_set_threads_callback_function")
 
 
 def env_flags() -> list[str]:
@@ -179,9 +195,53 @@ def env_flags() -> list[str]:
     return shlex.split(os.environ.get("CA_C_EXTRA_FLAGS", ""))
 
 
+def _base_flags(threads, extra) -> list[str]:
+    return (shlex.split(compiler()) + list(OPT_FLAGS) + list(threads) + arch_flags()
+            + list(WARNING_FLAGS) + env_flags() + list(extra))
+
+
 def _flags(extra) -> list[str]:
-    return (shlex.split(compiler()) + list(OPT_FLAGS) + arch_flags() + list(WARNING_FLAGS)
-            + env_flags() + list(extra))
+    return _base_flags(OPENMP_FLAGS if openmp()[0] else (), extra)
+
+
+THREADS_SOURCE = Path(__file__).with_name("cthreads.c")
+_threads: dict = {}      # compiler -> (enabled, status, the loaded threads library or None)
+
+
+def openmp() -> tuple[bool, str]:
+    """(whether generated code is built with OpenMP, a one-line status saying why
+    or why not). Found once per process and compiler: the threads library
+    (``cthreads.c``, used by ``runtime.cthreads``) must build with ``-fopenmp``,
+    load (libgomp found) and run a parallel region. ``CA_C_OPENMP=0``: off."""
+    enabled, status, _ = threads_library()
+    return enabled, status
+
+
+def threads_library():
+    """(enabled, status, the loaded threads library or None): see ``openmp``."""
+    key = compiler()
+    if key not in _threads:
+        with _lock:
+            if key not in _threads:
+                _threads[key] = _load_threads()
+    return _threads[key]
+
+
+def _load_threads():
+    if os.environ.get("CA_C_OPENMP", "1") == "0":
+        return False, "one thread: OpenMP disabled by CA_C_OPENMP=0", None
+    source = THREADS_SOURCE.read_text()
+    cmd = _base_flags(OPENMP_FLAGS, ())
+    try:
+        path, _ = _publish(library_path(source, flags=cmd, name="ca_threads"), [source],
+                           lambda srcs, out: [[cmd + [srcs[0], "-o", out, "-lpthread"]]])
+        lib = ctypes.CDLL(str(path))
+        ok = lib.ca_openmp_probe() > 0
+    except (CBuildError, OSError) as e:
+        return False, f"one thread: no OpenMP ({str(e).splitlines()[0]})", None
+    if not ok:
+        return False, "one thread: the OpenMP probe ran no parallel region", None
+    return True, f"OpenMP ({' '.join(OPENMP_FLAGS)})", lib
 
 
 def _libs() -> list[str]:
@@ -202,12 +262,14 @@ def link_command(objs, out: str, extra=()) -> list[str]:
     return _flags(extra) + list(objs) + ["-o", out] + _libs()
 
 
-def library_path(sources, extra=()) -> Path:
+def library_path(sources, extra=(), flags=None, name="ca") -> Path:
+    """Where the library of ``sources`` built by ``command`` (or by ``flags``)
+    lives: ``<name>_<hash>.so`` in the cache."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    cmd = command("SRC", "OUT", extra)
+    cmd = command("SRC", "OUT", extra) if flags is None else list(flags)
     digest = hashlib.sha256("\0".join(cmd + [cpu_identity() or ""] + sources).encode()
                             ).hexdigest()[:32]
-    return cache_dir() / f"ca_{digest}.so"
+    return cache_dir() / f"{name}_{digest}.so"
 
 
 def build(sources, extra=()) -> tuple[Path, bool]:
