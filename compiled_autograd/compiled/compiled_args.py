@@ -252,11 +252,6 @@ _P, _M = 1000003, (1 << 61) - 1
 _INTERNED: dict = {}
 
 
-def intern(item):
-    """The one object for items equal to ``item``."""
-    return interned()(item, item)
-
-
 def interned():
     """``setdefault`` of the table of interned items (``f(item, item)``), emptied
     first when it has grown past a bound (only identity is lost)."""
@@ -488,10 +483,11 @@ def collect(task, roots, record=True):
 
 def collect_roots(args, roots, position) -> None:
     """The roots: where each gradient enters (``position``), its dtype and sizes."""
-    args.collect(("roots", tuple((position(fn), nr, np.asarray(g).dtype)
-                                 for (fn, nr), g in roots)))
-    for i, (_, g) in enumerate(roots):
-        args.collect_sizes((np.shape(g),), owner=("root", i))
+    grads = [g if type(g) is np.ndarray else np.asarray(g) for _, g in roots]
+    args.collect(("roots", tuple([(position(fn), nr, g.dtype)
+                                  for ((fn, nr), _), g in zip(roots, grads)])))
+    for i, g in enumerate(grads):
+        args.collect_sizes((g.shape,), owner=("root", i))
 
 
 def collect_node(args, fn, edges, runs=True):

@@ -48,8 +48,7 @@ from compiled_autograd.autograd import tensor_base
 from compiled_autograd.compiled import compiled_args
 from compiled_autograd.compiled.compiled_args import (_M, _P, KEY_SEED, CompiledNodeArgs, Key,
                                                       collect, collect_node, collect_roots,
-                                                      encode_edge, fold_hash, hash_part,
-                                                      intern)
+                                                      encode_edge, fold_hash, hash_part)
 
 _local = threading.local()
 _check = [os.environ.get("CA_CHECK_KEY", "") not in ("", "0")]
@@ -238,8 +237,10 @@ def _take(segment, roots, input_edges, accumulate):
 
 def _intern_fold(key, start, h):
     """Intern ``key[start:]`` in place; ``h`` folded over them."""
+    setdefault = compiled_args.interned()
     for k in range(start, len(key)):
-        key[k] = intern(key[k])
+        item = key[k]
+        key[k] = setdefault(item, item)
     return fold_hash(h, key[start:])
 
 
@@ -262,7 +263,7 @@ def _collect_leaves(args, leaves, h):
             args.sizes.extend(block[3])
             args.inputs.extend(variables)
             return (h * block[4] + block[5]) % _M
-    n_key, n_sizes, start = len(args.key), len(args.sizes), h
+    n_key, n_sizes = len(args.key), len(args.sizes)
     for leaf in leaves:
         h = _collect_leaf(args, leaf, h)
     parts = tuple(map(_leaf_parts.get, ids))
