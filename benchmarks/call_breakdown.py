@@ -1,0 +1,110 @@
+"""Where a compiled backward's time goes around the generated code, on the small
+graphs of backward.py ("c" backend, 1 thread): the whole ``loss.backward()``
+inside ``compiled_backward``, and the medians of its parts, each timed in place
+over the same backwards:
+
+- root: the root gradient (``engine.make_root_grads``);
+- key: the compiled args, from the forward's segment (``forward_key.take``) or
+  walking the graph;
+- lookup: the rest of ``compiled.lookup`` (the cache's dict and size checks);
+- release: releasing the saved variables (the boxed lists own the arrays);
+- call: the compiled function's call (codegen/c_call.c's Runner: inputs checked,
+  outputs allocated, gradients handed to ``accumulate_into``), without
+- C function: the generated ``ca_backward`` alone (timed separately, as
+  c_breakdown.py does);
+- rest: ``backward()``'s and ``compiled_backward``'s own Python around them.
+
+    python benchmarks/call_breakdown.py [--reps N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import backward  # noqa: E402  (the same cases)
+import c_breakdown  # noqa: E402
+
+
+def breakdown(case, reps):
+    import compiled_autograd as ca
+    from compiled_autograd.autograd import engine
+    from compiled_autograd.autograd.node import SavedVariable
+    from compiled_autograd.compiled import api, cache, forward_key
+    make_loss, params = backward._ca_setup(case)
+    ca.reset_compiled_autograd()
+    for _ in range(3):
+        loss = make_loss()
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+        for p in params:
+            p.grad = None
+    parts: dict = {}
+    restore = []
+
+    def timed(owner, name, label, static=False):
+        real = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                parts.setdefault(label, []).append(time.perf_counter() - start)
+        setattr(owner, name, staticmethod(wrapper) if static else wrapper)
+        restore.append((owner, name, staticmethod(real) if static else real))
+
+    timed(engine, "make_root_grads", "root")
+    timed(forward_key, "take", "key")
+    timed(api, "_prepare", "key (walked)")
+    timed(api, "lookup", "lookup+key")
+    timed(SavedVariable, "release_plain", "release", static=True)
+    (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
+    timed(entry, "fn", "call")
+    whole = []
+    try:
+        for _ in range(reps):
+            loss = make_loss()
+            start = time.perf_counter()
+            with ca.compiled_backward(backend="c"):
+                loss.backward()
+            whole.append(time.perf_counter() - start)
+            for p in params:
+                p.grad = None
+            del loss
+    finally:
+        for owner, name, real in reversed(restore):
+            setattr(owner, name, real)
+    med = {k: statistics.median(v) for k, v in parts.items()}
+    key = med.get("key", 0.0) + med.get("key (walked)", 0.0)
+    row = dict(whole=statistics.median(whole), root=med["root"], key=key,
+               lookup=med["lookup+key"] - key, release=med.get("release", 0.0),
+               call=med["call"], taken=len(parts.get("key (walked)", ())) == 0)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=200)
+    args = parser.parse_args()
+    print(f"\"c\" backend, 1 thread; medians of {args.reps} backwards, each after a fresh "
+          "forward (untimed)")
+    cols = ("whole", "root", "key", "lookup", "release", "call", "C function", "rest")
+    print(f"{'case':<11}" + "".join(f"{c:>12}" for c in cols))
+    for case in ("small_mlp", "chain"):
+        row = breakdown(case, args.reps)
+        function = c_breakdown.c_function_share(case, min(args.reps, 100))[2]
+        row["C function"] = function
+        row["call"] -= function
+        row["rest"] = row["whole"] - sum(row[c] for c in cols[1:-1])
+        print(f"{case:<11}" + "".join(f"{row[c] * 1e6:>10.1f}us" for c in cols)
+              + ("" if row["taken"] else "  (walked)"))
+
+
+if __name__ == "__main__":
+    main()
