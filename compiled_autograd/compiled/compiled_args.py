@@ -1,12 +1,14 @@
 """Collecting compiled args: the key and the runtime values of a backward.
 
-``collect`` walks the autograd graph in the graph task's discovery order and lets
-every node write its ``compiled_args``, its hooks and its edges into a
-``CompiledNodeArgs``. Below: the two objects of the compiled-autograd Node contract
-(PyTorch's names).
+``collect`` walks the autograd graph and lets every node, in the key's canonical
+order (``canonical_order``: the nodes in the order they were made, then the leaves,
+then the roots), write its ``compiled_args``, its hooks and its edges into a
+``CompiledNodeArgs`` (``collect_node``). The forward can do the same node by node
+as it makes them (forward_key.py). Below: the two objects of the compiled-autograd
+Node contract (PyTorch's names).
 
 ``CompiledNodeArgs`` is what ``Node.compiled_args(args)`` writes into. It collects,
-node by node in walk order, (1) the *key* of the backward -- node types, non-tensor
+node by node in that order, (1) the *key* of the backward -- node types, non-tensor
 attributes, sizes, saved-tensor metadata, edges, hook kinds -- and (2) the *runtime
 values* the compiled graph will take in its boxed lists: saved arrays and leaf
 tensors (``inputs``), hook callables (``hooks``), packed data of saved-tensor hooks

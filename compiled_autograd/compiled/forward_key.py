@@ -5,7 +5,8 @@ walks the whole graph for them at backward time, 1-3 us a node in Python. Here t
 same code (``compiled_args.collect_node``: each node's ``compiled_args``) runs as
 the forward makes each prim's node instead (``dispatch.node_made``), into this
 thread's *segment*: the nodes made since its last compiled backward, in the order
-they were made. That is the key's canonical order (``compiled_args.canonical_order``),
+they were made (a node that arrives out of its sequence number's order spoils the
+segment). That is the key's canonical order (``compiled_args.canonical_order``),
 so a node's part of the key is final when it is made: its edges name nodes of the
 segment by distance, and leaves by first reference.
 
@@ -101,6 +102,7 @@ class Segment:
         self.pure = True
         self.closed = False
         self.hooked = False           # some value is saved under saved-tensor hooks
+        self.last_made = -1           # the newest node's sequence number
         self._on_drop = _on_drop(weakref.ref(self))    # (no cycle through the segment)
         self._intern = compiled_args.interned()
         self.hook_clock = _hooks.node_hook_clock
@@ -108,6 +110,12 @@ class Segment:
         self.release_clock = _node.release_clock
 
     def add(self, node) -> None:
+        if node._sequence_nr <= self.last_made:
+            # Made before a node already here (user code ran in between: a pack
+            # hook's own ops): the segment's order would not be the key's.
+            self.spoil()
+            return
+        self.last_made = node._sequence_nr
         rank, args = self.rank, self.args
         i = len(rank)
         key, saved = args.key, args.saved
@@ -116,6 +124,11 @@ class Segment:
             edges = tuple([encode_edge(i, nxt, nr, rank, self.leaves)
                            for nxt, nr in node.next_functions])
             collect_node(args, node, edges)
+            h, interned = self.hash, self._intern
+            for k in range(n_key, len(key)):
+                item = key[k]
+                key[k] = item = interned(item, item)
+                h = (h * _P + hash(item)) % _M
         except Exception:           # (a node made elsewhere; an error the backward will raise)
             self.spoil()
             return
@@ -139,11 +152,6 @@ class Segment:
                 self.spoil()        # (only saved values are expected)
                 return
             inputs.clear()
-        h, interned = self.hash, self._intern
-        for k in range(n_key, len(key)):
-            item = key[k]
-            key[k] = item = interned(item, item)
-            h = (h * _P + hash(item)) % _M
         self.hash = h
         unconsumed = self.unconsumed
         for edge in edges:
@@ -192,8 +200,10 @@ def take(roots, input_edges, accumulate):
         stats["walked"] += 1
         return None
     _local.segment = None
-    taken = _take(segment, roots, input_edges, accumulate) if not _walk[0] else None
-    segment.drop()
+    try:
+        taken = _take(segment, roots, input_edges, accumulate) if not _walk[0] else None
+    finally:
+        segment.drop()
     stats["taken" if taken is not None else "walked"] += 1
     return taken
 
@@ -228,7 +238,7 @@ def _take(segment, roots, input_edges, accumulate):
     key = args.key
     h = _collect_leaves(args, list(segment.leaves), segment.hash)
     n_key = len(key)
-    collect_roots(args, roots, _newest)
+    collect_roots(args, roots, _root_position)
     key = Key(key, _intern_fold(key, n_key, h))
     if _check[0]:
         _compare(roots, args, key)
@@ -247,22 +257,23 @@ def _intern_fold(key, start, h):
 def _collect_leaves(args, leaves, h):
     """Collect the leaves' part (``collect_node`` of each AccumulateGrad) into
     ``args``; returns the key's hash folded over it. A leaf's items change only
-    with a hook (a hook clock moves) or its tensor's array, so each tensor's part is
-    kept (``_leaf_parts``, dropped with the tensor), and so is the last block of
-    parts for these tensors, checked with one look at each (a training step's
-    parameters)."""
+    with a hook (a hook clock moves) or its tensor's dtype or shape, so each
+    tensor's part is kept (``_leaf_parts``, dropped with the tensor), and so is the
+    last block of parts for these tensors, checked with one look at each (a
+    training step's parameters). Neither holds an array."""
     variables = list(map(_variable_of, leaves))
     ids = tuple(map(id, variables))
     clocks = (_hooks.node_hook_clock, _hooks.leaf_hook_clock)
     block = _leaf_blocks.get(ids)
     if block is not None and block[0] == clocks:
-        parts = tuple(map(_leaf_parts.get, ids))
-        if (all(map(operator.is_, parts, block[1]))
-                and all(map(operator.is_, map(_array_of, parts), map(_data_of, variables)))):
-            args.key.extend(block[2])
-            args.sizes.extend(block[3])
+        arrays = list(map(_data_of, variables))
+        if (all(map(operator.is_, map(_leaf_parts.get, ids), block[1]))
+                and list(map(_dtype_of, arrays)) == block[2]
+                and list(map(_shape_of, arrays)) == block[3]):
+            args.key.extend(block[4])
+            args.sizes.extend(block[5])
             args.inputs.extend(variables)
-            return (h * block[4] + block[5]) % _M
+            return (h * block[6] + block[7]) % _M
     n_key, n_sizes = len(args.key), len(args.sizes)
     for leaf in leaves:
         h = _collect_leaf(args, leaf, h)
@@ -271,16 +282,19 @@ def _collect_leaves(args, leaves, h):
         if len(_leaf_blocks) > 64:
             _leaf_blocks.clear()
         items = tuple(args.key[n_key:])
-        _leaf_blocks[ids] = (clocks, parts, items, tuple(args.sizes[n_sizes:]),
-                             *hash_part(items))
+        _leaf_blocks[ids] = (clocks, parts, [part[0] for part in parts],
+                             [part[1] for part in parts], items,
+                             tuple(args.sizes[n_sizes:]), *hash_part(items))
     return h
 
 
 def _collect_leaf(args, leaf, h):
     variable = leaf.variable
+    data = variable._data
     part = _leaf_parts.get(id(variable))
-    if (part is None or part[1] is not variable._data or "_hooked" in leaf.__dict__
-            or variable._backward_hooks or variable._post_accumulate_grad_hooks):
+    if (part is None or part[0] != data.dtype or part[1] != data.shape
+            or "_hooked" in leaf.__dict__ or variable._backward_hooks
+            or variable._post_accumulate_grad_hooks):
         part = _leaf_part(leaf)
     if part is None:                       # (hooks: collected afresh at every backward)
         n_key = len(args.key)
@@ -294,17 +308,20 @@ def _collect_leaf(args, leaf, h):
 
 _variable_of = operator.attrgetter("variable")
 _data_of = operator.attrgetter("_data")
-_array_of = operator.itemgetter(1)
-# ids of the leaf tensors -> (hook clocks, their parts, key items, sizes, hash part)
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+# ids of the leaf tensors -> (hook clocks, their parts, dtypes, shapes, key items,
+# sizes, hash part)
 _leaf_blocks: dict = {}
-# id(leaf tensor) -> (weak reference, its array, key items, sizes, hash part)
+# id(leaf tensor) -> (dtype, shape, key items, sizes, hash part); dropped with the tensor
 _leaf_parts: dict = {}
 
 
 def _leaf_part(leaf):
     """A leaf's part of the key when no hook is around it, kept for the next
     backwards (per tensor: its AccumulateGrad node may be made anew each step),
-    valid while the tensor has the same array and no hook. None with hooks."""
+    valid while the tensor keeps its dtype and shape and gains no hook. None with
+    hooks."""
     variable = leaf.variable
     if _hooks.has_hooks(leaf):
         _leaf_parts.pop(id(variable), None)     # (so that no block holds it)
@@ -314,9 +331,10 @@ def _leaf_part(leaf):
     _intern_fold(args.key, 0, 0)
     items = tuple(args.key)
     key = id(variable)
-    ref = weakref.ref(variable, lambda _, key=key: _leaf_parts.pop(key, None))
-    part = _leaf_parts[key] = (ref, variable._data, items, tuple(args.sizes),
-                               *hash_part(items))
+    if key not in _leaf_parts:
+        weakref.finalize(variable, _leaf_parts.pop, key, None)
+    part = _leaf_parts[key] = (variable._data.dtype, variable._data.shape, items,
+                               tuple(args.sizes), *hash_part(items))
     return part
 
 
@@ -332,15 +350,19 @@ def _values(args, saved) -> None:
             packed.append(sv.packed)
 
 
-def _newest(fn):
-    return 0     # the root's position: the newest node of the segment
+def _root_position(fn):
+    """Where the root sits in the key: 0 nodes from the newest (it is the newest)."""
+    return 0
 
 
 def _compare(roots, args, key) -> None:
     """The ``CA_CHECK_KEY`` check: the walk's collection equals the segment's."""
     task = engine.make_task(roots, keep_graph=True, create_graph=False)
     walked = collect(task, roots, record=False)
-    if walked.freeze() != key:
+    frozen = walked.freeze()
+    if frozen == key and hash(frozen) != hash(key):
+        raise AssertionError("forward-built key: equal to compiled_args' but hashed otherwise")
+    if frozen != key:
         at = next((i for i, (a, b) in enumerate(zip(walked.key, key)) if a != b),
                   min(len(walked.key), len(key)))
         raise AssertionError(
