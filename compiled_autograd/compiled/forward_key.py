@@ -225,11 +225,7 @@ def _take(segment, roots, input_edges, accumulate):
         for sv in saved:
             if sv.unpack_hook is None and sv._version_counter.value != sv.saved_version:
                 return None                     # (the walk raises eager's error)
-    args = CompiledNodeArgs(record=False)
-    args.key = list(part.key)
-    args.sizes = list(part.sizes)
-    args.scalars = list(part.scalars)
-    args.saved = list(saved)
+    args = part       # (the segment's own lists: it ends here, nothing to copy)
     if segment.hooked:
         _values(args, saved)
     else:
