@@ -1,6 +1,6 @@
 """Where the C backend's time goes, at 1 thread: the generated C function alone
-against the whole compiled backward (the rest: the cache lookup's walk and the
-call), with the call in C (codegen/c_call.c, the default) and in Python
+against the whole compiled backward (the rest: the cache lookup and the call),
+with the call in C (codegen/c_call.c, the default) and in Python
 (``CA_C_CALL=0``), on the small MLP, the 200-op chain and the transformer, and one
 256x1024x1024 sgemm in the OpenBLAS the generated code links (numpy's) against torch,
 and GELU's backward loop over one transformer layer's 512x512 activations three
@@ -11,7 +11,10 @@ Last, the transformer's generated C by kind of statement -- the BLAS calls
 against the generated loops (elementwise, reductions over rows or columns,
 row-wise softmax / layer_norm) -- at 1 thread and at the default thread count
 (each in a fresh process): the C built once more with a clock read before each
-statement, in a private cache directory.
+statement, in a private cache directory. And the large MLP's "c" backward with its
+minor page faults (``getrusage``), with glibc's malloc as it is and told to keep
+freed memory (``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``), each in a
+fresh process.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
@@ -258,14 +261,63 @@ def print_statement_kinds(reps):
         f"{_fmt(sum(v[1] for v in r['kinds'].values())):>14}" for r in rows.values()))
 
 
+def faults(case, reps):
+    """(median seconds, median minor page faults) of the case's "c" backward, each
+    after a fresh forward, every .grad None (as backward.py times it)."""
+    import resource
+
+    import backward
+    import compiled_autograd as ca
+    make_loss, params = backward._ca_setup(case)
+    times, counts = [], []
+    for i in range(reps + 3):
+        loss = make_loss()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+        elapsed = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for q in params:
+            q.grad = None
+        del loss
+        if i >= 3:
+            times.append(elapsed)
+            counts.append(after - before)
+    return statistics.median(times), statistics.median(counts)
+
+
+# glibc returns freed blocks over its (adaptive) mmap threshold to the kernel, and
+# the next call's fresh arrays fault their pages in again; with these raised, it
+# keeps them.
+KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
+
+
+def print_faults(reps):
+    rows = {}
+    for name, extra in (("default malloc", {}), ("malloc keeps memory", KEEP_MEMORY)):
+        done = subprocess.run([sys.executable, __file__, "--faults-worker", "--reps", str(reps)],
+                              env=dict(os.environ, **extra), capture_output=True, text=True,
+                              check=True)
+        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    print("\nlarge MLP backward on \"c\", 1 thread, median of %d: time and minor page "
+          "faults per backward" % reps)
+    for name, (seconds, count) in rows.items():
+        print(f"{name:<22}{_fmt(seconds):>10}{count:>10.0f} faults")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--kinds-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--faults-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.kinds_worker:
         kinds, whole = statement_kinds("transformer", args.reps)
         print(json.dumps({"kinds": kinds, "whole": whole}))
+        return
+    if args.faults_worker:
+        print(json.dumps(faults("large_mlp", args.reps)))
         return
     print(f"1 thread; medians of {args.reps}")
     print(f"{'case':<12}{'whole, C call':>15}{'whole, Python call':>20}{'C function':>12}"
@@ -281,6 +333,7 @@ def main():
     print("GELU backward loop, 262,144 floats: " +
           ", ".join(f"{k} {_fmt(v)}" for k, v in row.items()))
     print_statement_kinds(max(5, args.reps // 5))
+    print_faults(max(5, args.reps // 10))
 
 if __name__ == "__main__":
     main()
