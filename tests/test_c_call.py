@@ -300,3 +300,42 @@ def test_the_call_compiles_without_warnings(tmp_path):
 def test_switched_off_by_its_environment_variable():
     assert status_with("CA_C_CALL", "codegen.c_run", "C_CALL") == \
         "None python: disabled by CA_C_CALL=0"
+
+
+def test_a_large_gradient_is_huge_page_memory_that_frees_with_its_array():
+    """An output of 4 MB or more is allocated 2 MB-aligned, with a huge-page hint
+    (its pages are not faulted in 4 kB at a time): as .grad it equals the Python
+    path's bit for bit, numpy's tracemalloc domain sees it, and it is freed when
+    the array goes."""
+    import tracemalloc
+    w = ca.tensor(np.linspace(-1.0, 1.0, 1024 * 1024, dtype=np.float32).reshape(1024, 1024),
+                  requires_grad=True)
+    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
+
+    def grad(runner):
+        w.grad = None
+        with contextlib.nullcontext() if runner else C_CALL.disabled():
+            with ca.compiled_backward(backend="c"):
+                (x @ w).tanh().sum().backward()
+        return w.grad.numpy()
+
+    grad(True)                                  # (compiles)
+    want = grad(False)
+    tracemalloc.start()
+    try:
+        got = grad(True)
+        np.testing.assert_array_equal(got, want)
+        assert got.ctypes.data % (2 << 20) == 0 and got.flags.c_contiguous
+        numpy_domain = tracemalloc.DomainFilter(True, 389047)
+        held = sum(t.size for t in tracemalloc.take_snapshot().filter_traces(
+            [numpy_domain]).traces if t.size == got.nbytes)
+        assert held >= got.nbytes
+        watched = weakref.ref(got)
+        del got
+        w.grad = None
+        assert watched() is None
+        after = sum(t.size for t in tracemalloc.take_snapshot().filter_traces(
+            [numpy_domain]).traces if t.size == 1024 * 1024 * 4)
+        assert after == held - 1024 * 1024 * 4
+    finally:
+        tracemalloc.stop()
