@@ -66,23 +66,18 @@ def breakdown(case, reps):
     timed(SavedVariable, "release_plain", "release", static=True)
     (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
     timed(entry, "fn", "call")
-    whole = []
+
+    def run(loss):
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
     try:
-        for _ in range(reps):
-            loss = make_loss()
-            start = time.perf_counter()
-            with ca.compiled_backward(backend="c"):
-                loss.backward()
-            whole.append(time.perf_counter() - start)
-            for p in params:
-                p.grad = None
-            del loss
+        whole = backward._median_backward(make_loss, params, reps, run)
     finally:
         for owner, name, real in reversed(restore):
             setattr(owner, name, real)
     med = {k: statistics.median(v) for k, v in parts.items()}
     key = med.get("key", 0.0) + med.get("key (walked)", 0.0)
-    row = dict(whole=statistics.median(whole), root=med["root"], key=key,
+    row = dict(whole=whole, root=med["root"], key=key,
                lookup=med["lookup+key"] - key, release=med.get("release", 0.0),
                call=med["call"], taken=len(parts.get("key (walked)", ())) == 0)
     return row

@@ -20,6 +20,8 @@ from compiled_autograd.autograd import dispatch
 from compiled_autograd.compiled import compiled_args, forward_key
 from compiled_autograd.compiled.compiled_args import Key, fold_hash, KEY_SEED
 from compiled_autograd.examples import build
+from fuzz_programs import BACKEND_TOL
+from helpers import BACKENDS
 from test_compiled import *  # noqa: F401,F403  (the scenarios, collected again here)
 from test_dynamic_shapes import *  # noqa: F401,F403  (and the dynamic-shape ones)
 
@@ -49,8 +51,30 @@ def _taken(fn):
     return forward_key.stats["taken"] - before
 
 
+_ON = ["python"]     # the backend the tests below run their backwards on
+
+
+@pytest.fixture(params=BACKENDS)
+def on_backend(request):
+    """The tests below on every backend (eager interpreter, python, c)."""
+    _ON[0] = request.param
+    yield request.param
+    _ON[0] = "python"
+
+
+def _same(got, want):
+    """Eager's gradient: bit for bit on "eager" and "python"; on "c", within the
+    tolerance the backends are held to (fuzz_programs.BACKEND_TOL: its own loops
+    round differently)."""
+    if _ON[0] == "c":
+        rtol, atol = BACKEND_TOL[np.asarray(want).dtype.type]
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 def _compiled_backward(loss, **kw):
-    with ca.compiled_backward(backend="python"):
+    with ca.compiled_backward(backend=_ON[0]):
         loss.backward(**kw)
 
 
@@ -58,7 +82,7 @@ def _compiled_backward(loss, **kw):
     ("mlp", dict(layers=3, width=8, batch=4)),
     ("transformer", dict(layers=2, d_model=16, heads=2, seq=4, batch=2, vocab=20)),
 ])
-def test_bundled_models_take_the_segment_and_match_eager(name, kw):
+def test_bundled_models_take_the_segment_and_match_eager(name, kw, on_backend):
     ex = build(name, **kw)
     ex.loss().backward()
     eager = [p.grad.numpy().copy() for p in ex.parameters()]
@@ -69,7 +93,7 @@ def test_bundled_models_take_the_segment_and_match_eager(name, kw):
         loss = ex.loss()
         assert _taken(lambda: _compiled_backward(loss)) == 1
         for e, p in zip(eager, ex.parameters()):
-            np.testing.assert_array_equal(p.grad.numpy(), e)
+            _same(p.grad.numpy(), e)
     assert ca.compiled_autograd_stats()["cache_hits"] == 1
 
 
@@ -111,7 +135,7 @@ def _unrelated_write(x, w, h):
     (_hook_on_leaf, True),                 # leaves are collected at the backward
     (_unrelated_write, True),              # versions checked one by one, all unchanged
 ])
-def test_what_changes_after_the_forward(change, takes):
+def test_what_changes_after_the_forward(change, takes, on_backend):
     want = _eager_grads(change)
     ca.compiled_backward(backend="python")
     for _ in range(2):
@@ -119,11 +143,11 @@ def test_what_changes_after_the_forward(change, takes):
         if change is not None:
             change(x, w, h)
         assert _taken(lambda: _compiled_backward(loss)) == int(takes)
-        np.testing.assert_array_equal(x.grad.numpy(), want[0])
-        np.testing.assert_array_equal(w.grad.numpy(), want[1])
+        _same(x.grad.numpy(), want[0])
+        _same(w.grad.numpy(), want[1])
 
 
-def test_a_modified_saved_value_fails_as_eager():
+def test_a_modified_saved_value_fails_as_eager(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
     a = x * 1.0
@@ -139,7 +163,7 @@ def test_a_modified_saved_value_fails_as_eager():
         _compiled_backward(z)
 
 
-def test_a_second_backward_fails_as_eager_and_retain_graph_works():
+def test_a_second_backward_fails_as_eager_and_retain_graph_works(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 5.0), requires_grad=True)
     loss = (x.exp() * 2).sum()
@@ -153,7 +177,7 @@ def test_a_second_backward_fails_as_eager_and_retain_graph_works():
     np.testing.assert_allclose(x.grad.numpy(), 4 * np.exp(np.arange(1.0, 5.0)))
 
 
-def test_two_forwards_summed_take_one_segment_and_one_alone_walks():
+def test_two_forwards_summed_take_one_segment_and_one_alone_walks(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
     first, second = (x * 2).sum(), (x.exp()).sum()
@@ -167,7 +191,7 @@ def test_two_forwards_summed_take_one_segment_and_one_alone_walks():
     np.testing.assert_allclose(x.grad.numpy(), 2 + np.exp(np.arange(1.0, 4.0)))
 
 
-def test_graphs_the_segment_cannot_describe_walk():
+def test_graphs_the_segment_cannot_describe_walk(on_backend):
     class Double(ca.autograd.Function):
         @staticmethod
         def forward(ctx, t):
@@ -207,7 +231,7 @@ def _offloaded(f, x):
 
 
 @pytest.mark.parametrize("under", [_under_identity_hooks, _checkpointed, _offloaded])
-def test_values_under_saved_tensor_hooks_take_the_segment(under):
+def test_values_under_saved_tensor_hooks_take_the_segment(under, on_backend):
     """The unpack hooks and packed data are read from the saved variables at the
     backward, as the walk collects them (check_key compares them by identity)."""
     def f(x):
@@ -221,10 +245,10 @@ def test_values_under_saved_tensor_hooks_take_the_segment(under):
         x.grad = None
         loss = under(f, x)
         assert _taken(lambda: _compiled_backward(loss)) == 1
-        np.testing.assert_array_equal(x.grad.numpy(), want)
+        _same(x.grad.numpy(), want)
 
 
-def test_a_forward_on_another_thread_walks():
+def test_a_forward_on_another_thread_walks(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
     out = []
@@ -287,18 +311,18 @@ def test_the_key_hash_folds_its_items():
     assert Key(list(key)) == key
 
 
-def test_fresh_leaves_whose_ids_are_reused():
+def test_fresh_leaves_whose_ids_are_reused(on_backend):
     """Leaf tensors made and dropped every step, of changing rank: a part kept for
     a dead tensor is never taken for a new one that got its id (once it was)."""
     ca.compiled_backward(backend="python")
     for i in range(40):
         x = ca.tensor(np.ones((2,) * (1 + i % 3)), requires_grad=True)
         _compiled_backward((x * 2).sum())
-        np.testing.assert_array_equal(x.grad.numpy(), np.full(x.shape, 2.0))
+        _same(x.grad.numpy(), np.full(x.shape, 2.0))
         del x
 
 
-def test_nodes_made_by_a_pack_hook_keep_the_order():
+def test_nodes_made_by_a_pack_hook_keep_the_order(on_backend):
     """A pack hook that computes with grad on makes nodes while a node saves its
     values, before that node reaches the segment: out of creation order, the
     segment spoils instead of keying the graph in another order (it once gave a
@@ -327,8 +351,8 @@ def test_nodes_made_by_a_pack_hook_keep_the_order():
     forward_key.check_key(False)        # (the wrong hit passed the walk's check too)
     for _ in range(3):
         got = run(True)
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
-        np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+        _same(got[0], want[0])
+        _same(got[1], want[1])
 
 
 def test_kept_leaf_parts_hold_no_array():

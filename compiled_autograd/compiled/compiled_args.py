@@ -156,7 +156,7 @@ class CompiledNodeArgs:
             self.hooks.append(sv.unpack_hook)
             self.packed_data.append(sv.packed)
         else:
-            self.inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
+            self.inputs.append(saved_array(sv))
         return (sv.dtype, hooked, len(shape))
 
     def _recipe(self, recipe) -> tuple:
@@ -229,6 +229,12 @@ class CompiledNodeArgs:
         return Key(self.key)
 
 
+def saved_array(sv):
+    """The array a value saved without hooks holds: its own (an output) or its
+    tensor's (an input)."""
+    return sv._data if sv._tensor is None else sv._tensor._data
+
+
 class Key(tuple):
     """A cache key: the tuple of key items, equal to that plain tuple. Its items
     are interned (one object per distinct item, so that comparing two equal keys
@@ -239,10 +245,10 @@ class Key(tuple):
 
     def __new__(cls, items, folded=None):
         if folded is None:
-            setdefault = interned()
-            items = map(setdefault, items, items)
+            items = list(items)
+            folded = intern_fold(items, 0, KEY_SEED)
         key = tuple.__new__(cls, items)
-        key._hash = folded if folded is not None else fold_hash(KEY_SEED, key)
+        key._hash = folded
         return key
 
     def __hash__(self):
@@ -254,12 +260,19 @@ _P, _M = 1000003, (1 << 61) - 1
 _INTERNED: dict = {}
 
 
-def interned():
-    """``setdefault`` of the table of interned items (``f(item, item)``), emptied
-    first when it has grown past a bound (only identity is lost)."""
+def intern_fold(items, start, h):
+    """Intern ``items[start:]`` in place (one object per distinct item, so that
+    equal keys compare by identity) and return ``h`` folded over them
+    (``fold_hash``): the walk's key and the forward's, node by node, alike. The
+    table is emptied when it has grown past a bound (only identity is lost)."""
     if len(_INTERNED) > 200_000:
         _INTERNED.clear()
-    return _INTERNED.setdefault
+    setdefault = _INTERNED.setdefault
+    for k in range(start, len(items)):
+        item = items[k]
+        items[k] = item = setdefault(item, item)
+        h = (h * _P + hash(item)) % _M
+    return h
 
 
 def fold_hash(h, items):

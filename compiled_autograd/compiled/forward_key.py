@@ -46,10 +46,10 @@ from compiled_autograd.autograd import dispatch, engine
 from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd import node as _node
 from compiled_autograd.autograd import tensor_base
-from compiled_autograd.compiled import compiled_args
-from compiled_autograd.compiled.compiled_args import (_M, _P, KEY_SEED, CompiledNodeArgs, Key,
+from compiled_autograd.compiled.compiled_args import (_M, KEY_SEED, CompiledNodeArgs, Key,
                                                       collect, collect_node, collect_roots,
-                                                      encode_edge, fold_hash, hash_part)
+                                                      encode_edge, hash_part, intern_fold,
+                                                      saved_array)
 
 _local = threading.local()
 _check = [os.environ.get("CA_CHECK_KEY", "") not in ("", "0")]
@@ -104,7 +104,6 @@ class Segment:
         self.hooked = False           # some value is saved under saved-tensor hooks
         self.last_made = -1           # the newest node's sequence number
         self._on_drop = _on_drop(weakref.ref(self))    # (no cycle through the segment)
-        self._intern = compiled_args.interned()
         self.hook_clock = _hooks.node_hook_clock
         self.write_clock = tensor_base.write_clock
         self.release_clock = _node.release_clock
@@ -124,11 +123,7 @@ class Segment:
             edges = tuple([encode_edge(i, nxt, nr, rank, self.leaves)
                            for nxt, nr in node.next_functions])
             collect_node(args, node, edges)
-            h, interned = self.hash, self._intern
-            for k in range(n_key, len(key)):
-                item = key[k]
-                key[k] = item = interned(item, item)
-                h = (h * _P + hash(item)) % _M
+            h = intern_fold(key, n_key, self.hash)
         except Exception:           # (a node made elsewhere; an error the backward will raise)
             self.spoil()
             return
@@ -229,25 +224,17 @@ def _take(segment, roots, input_edges, accumulate):
     if segment.hooked:
         _values(args, saved)
     else:
+        # (saved_array, inlined: this loop is most of a small graph's hit)
         args.inputs = [sv._data if sv._tensor is None else sv._tensor._data for sv in saved]
         args.plain_saved = True
     key = args.key
     h = _collect_leaves(args, list(segment.leaves), segment.hash)
     n_key = len(key)
     collect_roots(args, roots, _root_position)
-    key = Key(key, _intern_fold(key, n_key, h))
+    key = Key(key, intern_fold(key, n_key, h))
     if _check[0]:
         _compare(roots, args, key)
     return args, key
-
-
-def _intern_fold(key, start, h):
-    """Intern ``key[start:]`` in place; ``h`` folded over them."""
-    setdefault = compiled_args.interned()
-    for k in range(start, len(key)):
-        item = key[k]
-        key[k] = setdefault(item, item)
-    return fold_hash(h, key[start:])
 
 
 def _collect_leaves(args, leaves, h):
@@ -289,13 +276,12 @@ def _collect_leaf(args, leaf, h):
     data = variable._data
     part = _leaf_parts.get(id(variable))
     if (part is None or part[0] != data.dtype or part[1] != data.shape
-            or "_hooked" in leaf.__dict__ or variable._backward_hooks
-            or variable._post_accumulate_grad_hooks):
+            or _hooks.has_hooks(leaf)):
         part = _leaf_part(leaf)
     if part is None:                       # (hooks: collected afresh at every backward)
         n_key = len(args.key)
         collect_node(args, leaf, ())
-        return _intern_fold(args.key, n_key, h)
+        return intern_fold(args.key, n_key, h)
     args.key.extend(part[2])
     args.sizes.extend(part[3])
     args.inputs.append(variable)
@@ -324,7 +310,7 @@ def _leaf_part(leaf):
         return None
     args = CompiledNodeArgs(record=False)
     collect_node(args, leaf, ())
-    _intern_fold(args.key, 0, 0)
+    intern_fold(args.key, 0, 0)
     items = tuple(args.key)
     key = id(variable)
     if key not in _leaf_parts:
@@ -340,7 +326,7 @@ def _values(args, saved) -> None:
     inputs, hooks, packed = args.inputs, args.hooks, args.packed_data
     for sv in saved:
         if sv.unpack_hook is None:
-            inputs.append(sv._data if sv._tensor is None else sv._tensor._data)
+            inputs.append(saved_array(sv))
         else:
             hooks.append(sv.unpack_hook)
             packed.append(sv.packed)
