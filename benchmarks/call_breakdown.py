@@ -7,7 +7,8 @@ over the same backwards:
 - key: the compiled args, from the forward's segment (``forward_key.take``) or
   walking the graph;
 - lookup: the rest of ``compiled.lookup`` (the cache's dict and size checks);
-- release: releasing the saved variables (the boxed lists own the arrays);
+- saved: the saved values' arrays read and the values released, one pass
+  (``SavedVariable.arrays``; the boxed list owns the arrays from then on);
 - call: the compiled function's call (codegen/c_call.c's Runner: inputs checked,
   outputs allocated, gradients handed to ``accumulate_into``), without
 - C function: the generated ``ca_backward`` alone (timed separately, as
@@ -63,7 +64,7 @@ def breakdown(case, reps):
     timed(forward_key, "take", "key")
     timed(api, "_prepare", "key (walked)")
     timed(api, "lookup", "lookup+key")
-    timed(SavedVariable, "release_plain", "release", static=True)
+    timed(SavedVariable, "arrays", "saved", static=True)
     (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
     timed(entry, "fn", "call")
 
@@ -78,7 +79,7 @@ def breakdown(case, reps):
     med = {k: statistics.median(v) for k, v in parts.items()}
     key = med.get("key", 0.0) + med.get("key (walked)", 0.0)
     row = dict(whole=whole, root=med["root"], key=key,
-               lookup=med["lookup+key"] - key, release=med.get("release", 0.0),
+               lookup=med["lookup+key"] - key, saved=med.get("saved", 0.0),
                call=med["call"], taken=len(parts.get("key (walked)", ())) == 0)
     return row
 
@@ -89,7 +90,7 @@ def main():
     args = parser.parse_args()
     print(f"\"c\" backend, 1 thread; medians of {args.reps} backwards, each after a fresh "
           "forward (untimed)")
-    cols = ("whole", "root", "key", "lookup", "release", "call", "C function", "rest")
+    cols = ("whole", "root", "key", "lookup", "saved", "call", "C function", "rest")
     print(f"{'case':<11}" + "".join(f"{c:>12}" for c in cols))
     for case in ("small_mlp", "chain"):
         row = breakdown(case, args.reps)

@@ -106,6 +106,10 @@ class CProgram:
         self.windows: list = []       # per block: (open, close) callback ordinals
         self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False
+        # Whether the C reads the boxed sizes and scalars at all: a program
+        # without symbols needs neither (symbols are read as ``sizes[i]`` and
+        # ``scalars[i]``: ir.symbolic.boxed_symbol).
+        self.reads_sizes = self.reads_scalars = True
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
         self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
 
@@ -510,6 +514,8 @@ class Emitter:
                 prog.sources.append(_ENV.get_template("part.c.j2").render(
                     index=k, blocks=part, reads=reads, writes=writes, **common))
         prog.source = "\n".join(prog.sources)
+        prog.reads_sizes = "sizes[" in prog.source          # (boxed_symbol's text)
+        prog.reads_scalars = "scalars[" in prog.source
         return prog
 
 

@@ -9,7 +9,8 @@
         has the traced shape and dtype and is C-contiguous; any other value goes
         to the Python ``fix_input`` (which raises, or copies it into the layout
         the C was compiled for);
-     3. allocate the arena and the output arrays;
+     3. read the sizes and scalars (if the program reads any: ``reads``), and
+        allocate the arena and the output arrays;
      4. call ca_backward (without the GIL: the C touches only array memory);
      5. hand each gradient to the Python ``accumulate`` (node.accumulate_into),
         in the program's order, so that the .grad rules are written once;
@@ -46,6 +47,7 @@ typedef struct {
     Py_ssize_t *acc_slot, *acc_out;
     char *acc_owned;
     Py_ssize_t *res_kind, *res_index;     /* kind 0: None, 1: ref slot, 2: output */
+    int reads_sizes, reads_scalars;       /* (a program without symbols reads neither) */
     PyObject *errors, *accumulate, *fix_input;
 } Runner;
 
@@ -113,18 +115,20 @@ static int read_layout(PyObject *item, Layout *out)
 static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"fn", "refs", "inputs", "outputs", "accumulations", "results",
-                            "arena_bytes", "errors", "accumulate", "fix_input", NULL};
+                            "arena_bytes", "errors", "accumulate", "fix_input", "reads", NULL};
     unsigned long long fn;
     PyObject *refs, *inputs, *outputs, *accs, *results, *errors, *accumulate, *fix_input;
     if (r->fn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO", names, &fn,
+    r->reads_sizes = r->reads_scalars = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO|(pp)", names, &fn,
                                      &PyTuple_Type, &refs, &PyTuple_Type, &inputs,
                                      &PyTuple_Type, &outputs, &PyTuple_Type, &accs,
                                      &PyTuple_Type, &results, &r->arena_bytes,
-                                     &PyTuple_Type, &errors, &accumulate, &fix_input))
+                                     &PyTuple_Type, &errors, &accumulate, &fix_input,
+                                     &r->reads_sizes, &r->reads_scalars))
         return -1;
     r->n_refs = PyTuple_GET_SIZE(refs);
     r->n_in = PyTuple_GET_SIZE(inputs);
@@ -215,6 +219,8 @@ static int conforms(PyObject *obj, const Layout *l)
     return 1;
 }
 
+static PyObject *data_name;     /* "_data", interned once */
+
 /* The array of input ``j``, a new reference: ``obj`` itself, its ``_data`` (a
    leaf Tensor), or what fix_input(j, value, sizes) returns. */
 static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *sizes)
@@ -222,7 +228,7 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
     PyObject *arr;
     if (PyArray_CheckExact(obj)) {
         arr = Py_NewRef(obj);
-    } else if ((arr = PyObject_GetAttrString(obj, "_data")) == NULL) {
+    } else if ((arr = PyObject_GetAttr(obj, data_name)) == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
@@ -362,7 +368,8 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     for (Py_ssize_t j = 0; j < r->n_in; j++)    /* the arrays are all the call keeps */
         if (!r->in_keep[j])
             Py_CLEAR(refs[r->in_slot[j]]);
-    if (read_numbers(sizes, 0, &size_arr) < 0 || read_numbers(scalars, 1, &scalar_arr) < 0)
+    if ((r->reads_sizes && read_numbers(sizes, 0, &size_arr) < 0)
+        || (r->reads_scalars && read_numbers(scalars, 1, &scalar_arr) < 0))
         goto done;
     if ((arena = PyMem_RawMalloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
         PyErr_NoMemory();
@@ -436,7 +443,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_call", NULL, -1, 
 PyMODINIT_FUNC PyInit__c_call(void)
 {
     import_array();
-    if (PyType_Ready(&RunnerType) < 0)
+    if (PyType_Ready(&RunnerType) < 0 || (data_name = PyUnicode_InternFromString("_data")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -170,6 +170,7 @@ class CBackward:
                                 for (_, variable, v), owned in zip(prog.accumulations,
                                                                    self._owned)),
             results=tuple(results), arena_bytes=prog.plan.size, errors=tuple(prog.errors),
+            reads=(prog.reads_sizes, prog.reads_scalars),
             accumulate=accumulate_into, fix_input=fix_input)
 
     # ------------------------------------------------------------ values

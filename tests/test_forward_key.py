@@ -191,20 +191,96 @@ def test_two_forwards_summed_take_one_segment_and_one_alone_walks(on_backend):
     np.testing.assert_allclose(x.grad.numpy(), 2 + np.exp(np.arange(1.0, 4.0)))
 
 
-def test_graphs_the_segment_cannot_describe_walk(on_backend):
-    class Double(ca.autograd.Function):
+def _scaled_tanh(inline):
+    """A custom Function saving its output (and its input, under ``inline``), with
+    a flag and a scale on ctx that its backward reads."""
+    class ScaledTanh(ca.autograd.Function):
+        inline_backward = inline
+
         @staticmethod
-        def forward(ctx, t):
-            return t * 2
+        def forward(ctx, h, scale):
+            y = h.tanh()
+            ctx.scale, ctx.flip = scale, False
+            ctx.save_for_backward(y, h) if inline else ctx.save_for_backward(y)
+            return y * scale
 
         @staticmethod
         def backward(ctx, g):
-            return g * 2
+            y = ctx.saved_tensors[0]
+            out = g * (1 - y * y) * ctx.scale
+            return (-out if ctx.flip else out), None
+    return ScaledTanh
 
+
+def _custom_forward(fn, x, w):
+    """Prims and custom Function nodes, interleaved."""
+    h = x
+    for k in range(3):
+        h = fn.apply(h @ w, 0.5 + k)
+    return (h * h).sum()
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_custom_functions_take_the_segment(inline, on_backend):
+    fn = _scaled_tanh(inline)
+    rng = np.random.default_rng(0)
+    x = ca.tensor(rng.standard_normal((4, 3)), requires_grad=True)
+    w = ca.tensor(rng.standard_normal((3, 3)) * 0.5, requires_grad=True)
+    _custom_forward(fn, x, w).backward()
+    want = x.grad.numpy().copy(), w.grad.numpy().copy()
+    ca.compiled_backward(backend="python")
+    for _ in range(3):                       # a miss, (eager, learning Nones,) hits
+        x.grad = w.grad = None
+        loss = _custom_forward(fn, x, w)
+        assert _taken(lambda: _compiled_backward(loss)) == 1
+        _same(x.grad.numpy(), want[0])
+        _same(w.grad.numpy(), want[1])
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_ctx_changed_after_the_forward_is_read_at_the_backward(inline, on_backend):
+    fn = _scaled_tanh(inline)
+    x = ca.tensor(np.linspace(-1, 1, 6).reshape(2, 3), requires_grad=True)
+    w = ca.tensor(np.eye(3) * 0.7, requires_grad=True)
+
+    def change(loss):
+        node = loss.grad_fn.next_functions[0][0].next_functions[0][0]   # the last ScaledTanh
+        node.scale, node.flip = 4.0, True
+    loss = _custom_forward(fn, x, w)
+    change(loss)
+    loss.backward()
+    want = x.grad.numpy().copy()
+    ca.compiled_backward(backend="python")
+    for _ in range(3):
+        x.grad = w.grad = None
+        _compiled_backward(_custom_forward(fn, x, w))   # (unchanged: cached)
+        x.grad = w.grad = None
+        loss = _custom_forward(fn, x, w)
+        change(loss)
+        assert _taken(lambda: _compiled_backward(loss)) == 1
+        _same(x.grad.numpy(), want)
+
+
+def test_a_custom_functions_second_backward_fails_as_eager(on_backend):
+    fn = _scaled_tanh(False)
+    x = ca.tensor(np.ones((2, 3)), requires_grad=True)
+    w = ca.tensor(np.eye(3), requires_grad=True)
+    ca.compiled_backward(backend="python")
+    loss = _custom_forward(fn, x, w)
+    _compiled_backward(loss, retain_graph=True)
+    _compiled_backward(loss)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _compiled_backward(loss)
+    loss = _custom_forward(fn, x, w)
+    loss.grad_fn.next_functions[0][0].next_functions[0][0].release_variables()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _compiled_backward(loss)
+
+
+def test_graphs_the_segment_cannot_describe_walk(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)
     cases = [
-        lambda: _compiled_backward(Double.apply(x.sin()).sum()),        # a custom Function
         lambda: _compiled_backward((x * 1.0).sum(), inputs=[x]),        # inputs=
         lambda: ca.autograd.grad((x * 3).sum(), [x]),                   # (outside compiled)
     ]
@@ -259,22 +335,35 @@ def test_a_forward_on_another_thread_walks(on_backend):
     np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp(np.arange(1.0, 4.0)))
 
 
-def test_a_dropped_graph_frees_its_saved_values():
-    """The segment holds the saved variables; when the forward's graph is dropped
-    without a backward, they (and their arrays) go at once."""
+def _dropped_graph_frees(end):
+    """A forward whose graph ``end(h)`` makes from h = exp(x) is dropped without a
+    backward: h's array goes at once (by reference counts alone)."""
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.ones((64, 64)), requires_grad=True)
     h = x.exp()
     watched = weakref.ref(h._data)
-    loss = (h * 2).sin().sum()
+    graph = [end(h)]
     del h
     assert watched() is not None
-    gc.disable()                             # (freed by reference counts alone)
+    gc.disable()
     try:
-        del loss
+        graph.clear()
         assert watched() is None
     finally:
         gc.enable()
+
+
+def test_a_dropped_graph_frees_its_saved_values():
+    """The segment holds the saved variables; when the forward's graph is dropped
+    without a backward, they (and their arrays) go at once."""
+    _dropped_graph_frees(lambda h: (h * 2).sin().sum())
+
+
+def test_a_dropped_graph_ending_in_a_custom_function_frees_its_values():
+    """The segment holds its custom Function nodes by weak reference: a graph whose
+    newest node is one goes when it is dropped."""
+    fn = _scaled_tanh(False)
+    _dropped_graph_frees(lambda h: fn.apply(h, 2.0))
 
 
 def test_the_segment_holds_no_array():

@@ -77,8 +77,9 @@ _interceptors: list = []
 
 
 # Told of each prim's backward node once it is whole (its saved values, its output
-# saved), on the thread that made it: ``node_made(node)``. Compiled autograd sets it
-# to keep its cache key up to date during the forward (compiled/forward_key.py).
+# saved), and of each custom Function's (``Function.apply``), on the thread that made
+# it: ``node_made(node)``. Compiled autograd sets it to keep its cache key up to date
+# during the forward (compiled/forward_key.py).
 node_made = None
 
 

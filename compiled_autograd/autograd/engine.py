@@ -31,7 +31,7 @@ import numpy as np
 
 from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd import reentrant as _reentrant
-from compiled_autograd.autograd.grad_mode import set_grad_enabled
+from compiled_autograd.autograd import grad_mode as _grad_mode
 from compiled_autograd.autograd.node import accumulate_into, gradient_edge
 from compiled_autograd.autograd.tensor_base import TensorBase
 from runtime import memory as _rt_memory
@@ -92,21 +92,25 @@ _running = threading.local()
 
 
 class running:
-    """``with running(task):`` -- ``task`` is the backward running on this thread
-    while inside (nests)."""
-    __slots__ = ("task", "stack")
+    """``with running(task, grad_enabled):`` -- ``task`` is the backward running on
+    this thread while inside (nests), in that grad mode (as torch: a backward
+    records history only under create_graph); both are restored on exit."""
+    __slots__ = ("task", "stack", "grad_enabled", "prev")
 
-    def __init__(self, task):
-        self.task = task
+    def __init__(self, task, grad_enabled):
+        self.task, self.grad_enabled = task, grad_enabled
 
     def __enter__(self):
         stack = self.stack = getattr(_running, "stack", None)
         if stack is None:
             stack = self.stack = _running.stack = []
+        self.prev = _grad_mode.is_grad_enabled()
         stack.append(self.task)
+        _grad_mode._set(self.grad_enabled)
         return self.task
 
     def __exit__(self, *exc):
+        _grad_mode._set(self.prev)
         self.stack.pop()
         return False
 
@@ -408,7 +412,7 @@ def execute_here(roots, keep_graph, create_graph, input_edges, accumulate, make)
             fn.release_variables()
         return outputs
 
-    with running(task), set_grad_enabled(create_graph), (
+    with running(task, create_graph), (
             _rt_memory.category("gradient") if accounting else nullcontext()):
         walk(task, roots, visit)
     return captured
@@ -463,6 +467,11 @@ def _as_list(x):
     return [x] if isinstance(x, TensorBase) else list(x)
 
 
+def _make_of(tensors):
+    """The Tensor maker hooks' values are made with (no tensors: no hook runs)."""
+    return tensors[0]._make if tensors else None
+
+
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
              inputs=None):
     """Accumulate gradients of ``tensors`` into the leaves' ``.grad`` (or only into
@@ -473,14 +482,14 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
         retain_graph = create_graph
     compiler = current_compiler()
     roots = make_root_grads(tensors, grad_tensors, create_graph)
-    make = next((t._make for t in tensors), None)   # (no roots: no hook runs)
     if inputs is None:
         if compiler is not None:
             _reentrant_aware(lambda: compiler.run(roots, retain_graph,
                                                   create_graph=create_graph))
         else:
-            execute(roots, retain_graph, create_graph, make=make)
+            execute(roots, retain_graph, create_graph, make=_make_of(tensors))
         return
+    make = _make_of(tensors)
     inputs = _as_list(inputs)
     if not inputs:
         raise RuntimeError("'inputs' argument to backward() cannot be empty.")
@@ -515,7 +524,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                                                          create_graph=create_graph))
     else:
         captured = execute(roots, retain_graph, create_graph, edges, accumulate=False,
-                           make=next((t._make for t in outputs), None))
+                           make=_make_of(outputs))
     result = []
     for t, g in zip(inputs, captured):
         if g is None:

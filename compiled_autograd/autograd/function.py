@@ -13,6 +13,7 @@ import contextlib
 
 import numpy as np
 
+from compiled_autograd.autograd import dispatch
 from compiled_autograd.autograd.dispatch import make_view
 from compiled_autograd.autograd.engine import validate
 from compiled_autograd.autograd.grad_mode import is_grad_enabled, no_grad
@@ -325,6 +326,8 @@ class Function(metaclass=_FunctionMeta):
         # output -> ctx, a cycle only gc.collect() frees (torch clears to_save).
         to_save, ctx._to_save = ctx._to_save, ()
         ctx._saved = tuple(_save(t, produced, ctx) for t in to_save)
+        if dispatch.node_made is not None:
+            dispatch.node_made(ctx)       # (whole: its edges and saved values are set)
         return wrapped[0] if single else tuple(wrapped)
 
 

@@ -32,6 +32,7 @@ from compiled_autograd.autograd import hooks
 from compiled_autograd.autograd.saved_hooks import current_hooks, hooks_below
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
 from runtime import memory as _rt_memory
+from runtime import slots
 from runtime.memory import on_array
 from runtime.prims import PRIMS, VJPContext, ops
 
@@ -255,7 +256,8 @@ def accumulate_into(variable, g, owned=False) -> None:
     lock = variable._grad_lock
     if lock is None:
         lock = _leaf_lock(variable)
-    with lock:
+    lock.acquire()      # (not ``with``: this is per leaf and per backward, and ``with`` costs 3x)
+    try:
         grad = variable._grad
         if type(g) is not np.ndarray:
             # A copy (differentiable): g may be shared with another leaf or be the
@@ -277,6 +279,8 @@ def accumulate_into(variable, g, owned=False) -> None:
         else:
             np.add(grad._data, g, out=grad._data, casting="same_kind")
             grad._version_counter.bump()
+    finally:
+        lock.release()
 
 
 def gradient_edge(t):
@@ -509,7 +513,7 @@ class SavedVariable:
         self.check(node_name)
         if self.unpack_hook is not None:
             return self._call_unpack_hook()._data
-        return self._data if self._tensor is None else self._tensor._data
+        return plain_array(self)
 
     def unpack(self, owner, make):
         """The saved value as a Tensor; an output gets ``owner`` as its grad_fn.
@@ -558,15 +562,36 @@ class SavedVariable:
         release_clock += 1
 
     @staticmethod
-    def release_plain(saved) -> None:
-        """``release`` of each of ``saved``, values saved without hooks (whose
-        other fields are None already): one loop, for a whole backward's."""
+    def arrays(saved, release: bool) -> list:
+        """The arrays of ``saved`` (values saved without hooks: ``plain_array``)
+        and, with ``release``, ``release`` of each (their other fields are None
+        already): a compiled backward's hand-over of its saved values. One C pass
+        where it is built (runtime/slots.c); this loop is the reference."""
         global release_clock
-        for sv in saved:
-            sv._tensor = sv._data = None
-            sv.released = True
-        release_clock += len(saved)
+        if not _reader:     # (made at the first call: it may build the extension)
+            _reader.append(slots.reader(SavedVariable._tensor, SavedVariable._data,
+                                        SavedVariable.released, TensorBase._data))
+        read = _reader[0]
+        if read is not None:
+            arrays = read(saved, release)
+        else:
+            arrays = list(map(plain_array, saved))
+            if release:
+                for sv in saved:
+                    sv._tensor = sv._data = None
+                    sv.released = True
+        if release:
+            release_clock += len(saved)
+        return arrays
 
+
+def plain_array(sv):
+    """The array a value saved without hooks holds: its own (an output) or its
+    tensor's (an input)."""
+    return sv._data if sv._tensor is None else sv._tensor._data
+
+
+_reader: list = []     # [runtime.slots' Reader over SavedVariable, or None], once made
 
 # Moves on every release of a saved value anywhere (``SavedVariable.release``): a
 # reader that finds it where it was knows that none was released since.

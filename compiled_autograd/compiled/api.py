@@ -18,7 +18,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
-from compiled_autograd.autograd.grad_mode import set_grad_enabled
 from compiled_autograd.autograd.node import SavedVariable
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.compiled import compiled_args, forward_key, hook_calls, tracer
@@ -59,7 +58,9 @@ class CompiledBackward:
         each buffer's block), ``.block_of``, ``.windows`` and ``.block_sizes`` (one
         block without callbacks; see codegen/arena.py), ``.summary()``."""
         plan = getattr(self.fn, "memory_plan", None)
-        return plan if plan is not None else resolve_backend("c")(self.graph, build=False).memory_plan
+        if plan is None:
+            plan = resolve_backend("c")(self.graph, build=False).memory_plan
+        return plan
 
     def print_tabular(self):
         """Print opcode | name | target | args | shape | bytes, one row per node."""
@@ -174,22 +175,25 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         out = _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry)
         family.nones_seen = True
         return out
-    if not retain_graph:
-        # The boxed lists become the only owners of the saved values: release them
-        # (a prim node holds nothing else), and whatever other nodes hold.
-        if collected.plain_saved:
-            SavedVariable.release_plain(collected.saved)
-        else:
-            for sv in collected.saved:
-                sv.release()
+    # The boxed list becomes the only owner of the saved values: release them
+    # (a prim node holds nothing else), and whatever other nodes hold.
+    release = not retain_graph
+    values = collected.inputs
+    if collected.unread_saved:
+        values = SavedVariable.arrays(collected.saved, release) + values
+    elif release:
+        for sv in collected.saved:
+            sv.release()
+    if release:
         collected.recipe_objects.clear()  # (their kept arrays now live in the inputs only)
         for fn in collected.release_nodes:
             fn.release_variables()
-    inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
+    inputs = [g for _, g in roots] + values + list(entry.constants)
     collected.inputs.clear()    # the boxed list is their only owner: freed on last use
+    del values
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
-    with engine.running(task), set_grad_enabled(False):
+    with engine.running(task, False):
         if not calls_python and not _memory.active():
             out = entry.fn(inputs, collected.sizes, collected.scalars, collected.hooks,
                            collected.packed_data)

@@ -28,8 +28,8 @@ import numpy as np
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd import hooks as _hooks
-from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward,
-                                             SavedVariable, accumulate_into)
+from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward, SavedVariable,
+                                             accumulate_into, plain_array)
 from compiled_autograd.autograd.recipe import Kept, Recipe
 from runtime.prims import index_param_names
 
@@ -59,7 +59,10 @@ class CompiledNodeArgs:
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
         self.node = None                 # the node being collected (for error messages)
-        self.plain_saved = False         # every saved value is saved without hooks
+        # The saved values' arrays are not in ``inputs`` yet: they go first, read
+        # at the hand-over with their release (``SavedVariable.arrays``); every
+        # saved value is saved without hooks (the forward's key, forward_key.py).
+        self.unread_saved = False
         self.uncacheable_reason = None   # set when the trace must not be reused
 
     # ---------------------------------------------------------- key only
@@ -156,7 +159,7 @@ class CompiledNodeArgs:
             self.hooks.append(sv.unpack_hook)
             self.packed_data.append(sv.packed)
         else:
-            self.inputs.append(saved_array(sv))
+            self.inputs.append(plain_array(sv))
         return (sv.dtype, hooked, len(shape))
 
     def _recipe(self, recipe) -> tuple:
@@ -229,12 +232,6 @@ class CompiledNodeArgs:
         return Key(self.key)
 
 
-def saved_array(sv):
-    """The array a value saved without hooks holds: its own (an output) or its
-    tensor's (an input)."""
-    return sv._data if sv._tensor is None else sv._tensor._data
-
-
 class Key(tuple):
     """A cache key: the tuple of key items, equal to that plain tuple. Its items
     are interned (one object per distinct item, so that comparing two equal keys
@@ -257,7 +254,7 @@ class Key(tuple):
 
 KEY_SEED = 0x345678
 _P, _M = 1000003, (1 << 61) - 1
-_INTERNED: dict = {}
+_INTERNED: dict = {}      # key item -> (the one such item, its hash)
 
 
 def intern_fold(items, start, h):
@@ -267,11 +264,14 @@ def intern_fold(items, start, h):
     table is emptied when it has grown past a bound (only identity is lost)."""
     if len(_INTERNED) > 200_000:
         _INTERNED.clear()
-    setdefault = _INTERNED.setdefault
+    get = _INTERNED.get
     for k in range(start, len(items)):
         item = items[k]
-        items[k] = item = setdefault(item, item)
-        h = (h * _P + hash(item)) % _M
+        entry = get(item)
+        if entry is None:
+            entry = _INTERNED[item] = (item, hash(item))
+        items[k] = entry[0]
+        h = (h * _P + entry[1]) % _M      # (its hash kept: a nested tuple's is not)
     return h
 
 

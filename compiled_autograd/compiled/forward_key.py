@@ -42,14 +42,17 @@ import os
 import threading
 import weakref
 
+import numpy as np
+
 from compiled_autograd.autograd import dispatch, engine
 from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd import node as _node
 from compiled_autograd.autograd import tensor_base
-from compiled_autograd.compiled.compiled_args import (_M, KEY_SEED, CompiledNodeArgs, Key,
+from compiled_autograd.autograd.function import FunctionBackward
+from compiled_autograd.autograd.node import SavedVariable, plain_array
+from compiled_autograd.compiled.compiled_args import (_M, _P, KEY_SEED, CompiledNodeArgs, Key,
                                                       collect, collect_node, collect_roots,
-                                                      encode_edge, hash_part, intern_fold,
-                                                      saved_array)
+                                                      encode_edge, hash_part, intern_fold)
 
 _local = threading.local()
 _check = [os.environ.get("CA_CHECK_KEY", "") not in ("", "0")]
@@ -103,6 +106,11 @@ class Segment:
         self.closed = False
         self.hooked = False           # some value is saved under saved-tensor hooks
         self.last_made = -1           # the newest node's sequence number
+        # Custom Function nodes, collected at the backward (their ctx may change
+        # until then): (weak reference to the node, edges, where its part goes in
+        # the key, sizes, scalars and saved lists, the hash of the run of items
+        # before it). (Weak: the graph may end in one, and be dropped.)
+        self.late: list = []
         self._on_drop = _on_drop(weakref.ref(self))    # (no cycle through the segment)
         self.hook_clock = _hooks.node_hook_clock
         self.write_clock = tensor_base.write_clock
@@ -122,6 +130,14 @@ class Segment:
         try:
             edges = tuple([encode_edge(i, nxt, nr, rank, self.leaves)
                            for nxt, nr in node.next_functions])
+            if isinstance(node, FunctionBackward):
+                # Its part is collected at the backward; the next run of items
+                # folds from 0 (the take joins the runs: ``_with_late``).
+                self.late.append((weakref.ref(node), edges, n_key, len(args.sizes),
+                                  len(args.scalars), n_saved, self.hash))
+                self.hash = 0
+                self._link(node, i, edges)
+                return
             collect_node(args, node, edges)
             h = intern_fold(key, n_key, self.hash)
         except Exception:           # (a node made elsewhere; an error the backward will raise)
@@ -148,19 +164,22 @@ class Segment:
                 return
             inputs.clear()
         self.hash = h
+        self._link(node, i, edges)
+
+    def _link(self, node, i, edges) -> None:
+        """Node ``i`` is the segment's: the nodes it points to are consumed."""
         unconsumed = self.unconsumed
         for edge in edges:
             if edge is not None and edge[0].__class__ is int:
                 unconsumed.pop(i - edge[0], None)   # pointed to: its weak reference goes
-        rank[id(node)] = i
+        self.rank[id(node)] = i
         unconsumed[i] = weakref.ref(node, self._on_drop)
 
     def spoil(self) -> None:
         """No backward will take this segment: let go of everything, and follow no
         more nodes until it ends (``drop``)."""
         self.pure = False
-        self.args = CompiledNodeArgs(record=False)
-        self.rank, self.leaves, self.unconsumed = {}, {}, {}
+        self.args = self.rank = self.leaves = self.unconsumed = self.late = None
 
     def drop(self) -> None:
         """End the segment: the next node starts a new one."""
@@ -220,21 +239,53 @@ def _take(segment, roots, input_edges, accumulate):
         for sv in saved:
             if sv.unpack_hook is None and sv._version_counter.value != sv.saved_version:
                 return None                     # (the walk raises eager's error)
-    args = part       # (the segment's own lists: it ends here, nothing to copy)
-    if segment.hooked:
-        _values(args, saved)
+    if segment.late:
+        try:
+            args, h = _with_late(segment)
+        except Exception:
+            return None                 # (the walk raises eager's error, in eager's order)
     else:
-        # (saved_array, inlined: this loop is most of a small graph's hit)
-        args.inputs = [sv._data if sv._tensor is None else sv._tensor._data for sv in saved]
-        args.plain_saved = True
-    key = args.key
-    h = _collect_leaves(args, list(segment.leaves), segment.hash)
-    n_key = len(key)
-    collect_roots(args, roots, _root_position)
-    key = Key(key, intern_fold(key, n_key, h))
+        args, h = part, segment.hash    # (the segment's own lists: it ends here)
+        if segment.hooked:
+            _values(args, saved)
+        else:
+            args.unread_saved = True    # (read at the hand-over, with their release)
+    h = _collect_leaves(args, list(segment.leaves), h)
+    key = Key(args.key, _collect_root(args, roots, h))
     if _check[0]:
         _compare(roots, args, key)
     return args, key
+
+
+def _with_late(segment):
+    """(args, hash) of the segment's nodes with its custom Function nodes collected
+    now (``collect_node``), each in its place: the runs of items the forward
+    collected between them are joined by their hash parts (a run folded from 0 is
+    its addend; its multiplier is P to its length), and their saved values read
+    (``_values``) in the same order as the walk reads them."""
+    part, args = segment.args, CompiledNodeArgs(record=False)
+    at, h = (0, 0, 0, 0), None
+    for node, edges, *where, before in segment.late:
+        h = before if h is None else (h * pow(_P, where[0] - at[0], _M) + before) % _M
+        _join(args, part, at, where)
+        n_key = len(args.key)
+        collect_node(args, node(), edges)   # (alive: the root reaches every node of it)
+        h = intern_fold(args.key, n_key, h)
+        at = where
+    end = (len(part.key), len(part.sizes), len(part.scalars), len(part.saved))
+    _join(args, part, at, end)
+    return args, (h * pow(_P, end[0] - at[0], _M) + segment.hash) % _M
+
+
+def _join(args, part, start, end) -> None:
+    """The forward's run of ``part`` from ``start`` to ``end`` (key, sizes,
+    scalars, saved) onto ``args``, with its saved values' runtime values."""
+    args.key.extend(part.key[start[0]:end[0]])
+    args.sizes.extend(part.sizes[start[1]:end[1]])
+    args.scalars.extend(part.scalars[start[2]:end[2]])
+    saved = part.saved[start[3]:end[3]]
+    args.saved.extend(saved)
+    _values(args, saved)
 
 
 def _collect_leaves(args, leaves, h):
@@ -326,10 +377,36 @@ def _values(args, saved) -> None:
     inputs, hooks, packed = args.inputs, args.hooks, args.packed_data
     for sv in saved:
         if sv.unpack_hook is None:
-            inputs.append(saved_array(sv))
+            inputs.append(plain_array(sv))
         else:
             hooks.append(sv.unpack_hook)
             packed.append(sv.packed)
+
+
+def _collect_root(args, roots, h):
+    """Collect the root's part (``collect_roots``) into ``args``; returns the key's
+    hash folded over it. It depends only on the root's input number and its
+    gradient's dtype and shape: each such part is kept (``_root_parts``)."""
+    ((_, nr), g), = roots
+    if type(g) is not np.ndarray:
+        g = np.asarray(g)
+    where = (nr, g.dtype, g.shape)
+    part = _root_parts.get(where)
+    if part is None:
+        scratch = CompiledNodeArgs(record=False)
+        collect_roots(scratch, roots, _root_position)
+        intern_fold(scratch.key, 0, 0)
+        items = tuple(scratch.key)
+        if len(_root_parts) > 256:
+            _root_parts.clear()
+        part = _root_parts[where] = (items, *hash_part(items))
+    args.key.extend(part[0])
+    args.sizes.extend(g.shape)
+    return (h * part[1] + part[2]) % _M
+
+
+# (input number, dtype, shape) of a root gradient -> (key items, hash part)
+_root_parts: dict = {}
 
 
 def _root_position(fn):
@@ -354,7 +431,10 @@ def _compare(roots, args, key) -> None:
     for name in ("sizes", "scalars"):
         if getattr(walked, name) != getattr(args, name):
             raise AssertionError(f"forward-built key: its {name} differ from compiled_args'")
-    for name in ("inputs", "saved", "hooks", "packed_data"):
-        a, b = getattr(walked, name), getattr(args, name)
+    inputs = SavedVariable.arrays(args.saved, False) + args.inputs if args.unread_saved \
+        else args.inputs
+    for name, b in (("inputs", inputs), ("saved", args.saved), ("hooks", args.hooks),
+                    ("packed_data", args.packed_data)):
+        a = getattr(walked, name)
         if len(a) != len(b) or any(x is not y for x, y in zip(a, b)):
             raise AssertionError(f"forward-built key: its {name} differ from compiled_args'")

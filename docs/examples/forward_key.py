@@ -39,6 +39,7 @@ cases = {
     "retain_graph twice (second)": lambda: _twice(ex.loss()),
     "two losses, one backward": lambda: backward(ex.loss() + ex.loss()),
     "a custom Function": lambda: backward(Double.apply(ex.loss())),
+    "backward(inputs=...)": lambda: backward(ex.loss(), inputs=ex.parameters()[:1]),
     "under saved-tensor hooks": lambda: _under_hooks(),
 }
 

@@ -1,0 +1,186 @@
+/* The saved values of a compiled backward, read and released in one C pass
+   (runtime/slots.py; the reference is Python's, in autograd/node.py).
+
+   Reader(held, data, released, inner) is made from four slot descriptors (the
+   member descriptors Python makes for ``__slots__``): a saved value's ``held``
+   object (a tensor, or None), its ``data`` (an array, or None) and ``released``
+   flag, and the tensor's ``inner`` array. ``reader(values, release)`` returns
+   the list of each value's array -- ``data`` when ``held`` is None, else
+   ``held.inner`` -- and with ``release`` true sets ``held`` and ``data`` to None
+   and ``released`` to True on each, as it goes. Slots are read at the offsets
+   the descriptors give (PyMemberDef: public API): each value must be exactly of
+   the descriptors' class and each held tensor an instance of the inner one's,
+   else TypeError, and a slot that is unset is an AttributeError, as in Python.
+   On an error the values before it are released (as a Python loop leaves them). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *value_type, *tensor_type;
+    Py_ssize_t held, data, released, inner;
+} Reader;
+
+static int slot_offset(PyObject *descr, PyTypeObject **owner, Py_ssize_t *offset)
+{
+    if (!PyObject_TypeCheck(descr, &PyMemberDescr_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Reader: expected a __slots__ member descriptor");
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+        PyErr_Format(PyExc_TypeError, "Reader: %s is not a writable object slot", m->name);
+        return -1;
+    }
+    *owner = ((PyDescrObject *)descr)->d_type;
+    *offset = m->offset;
+    return 0;
+}
+
+static int reader_init(Reader *r, PyObject *args, PyObject *kwds)
+{
+    PyObject *held, *data, *released, *inner;
+    PyTypeObject *t1, *t2, *t3, *t4;
+    if (!PyArg_ParseTuple(args, "OOOO", &held, &data, &released, &inner))
+        return -1;
+    if (slot_offset(held, &t1, &r->held) < 0 || slot_offset(data, &t2, &r->data) < 0
+        || slot_offset(released, &t3, &r->released) < 0 || slot_offset(inner, &t4, &r->inner) < 0)
+        return -1;
+    if (t1 != t2 || t1 != t3) {
+        PyErr_SetString(PyExc_TypeError, "Reader: held, data and released are slots of one class");
+        return -1;
+    }
+    Py_XSETREF(r->value_type, (PyTypeObject *)Py_NewRef(t1));
+    Py_XSETREF(r->tensor_type, (PyTypeObject *)Py_NewRef(t4));
+    return 0;
+}
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+static PyObject *unset(PyObject *obj, const char *what)
+{
+    PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute set for %s",
+                 Py_TYPE(obj)->tp_name, what);
+    return NULL;
+}
+
+static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kwds)
+{
+    PyObject *values;
+    int release;
+    static char *names[] = {"values", "release", NULL};
+    if (r->value_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader: not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!p", names, &PyList_Type, &values, &release))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(values)) {     /* (a finalizer shortened it) */
+            PyErr_SetString(PyExc_RuntimeError, "Reader: the list changed size");
+            goto fail;
+        }
+        PyObject *sv = PyList_GET_ITEM(values, i);
+        if (Py_TYPE(sv) != r->value_type) {
+            PyErr_Format(PyExc_TypeError, "Reader: expected %s, got %s", r->value_type->tp_name,
+                         Py_TYPE(sv)->tp_name);
+            goto fail;
+        }
+        Py_INCREF(sv);
+        PyObject *held = SLOT(sv, r->held), *array;
+        if (held == NULL) {
+            unset(sv, "its tensor");
+            Py_DECREF(sv);
+            goto fail;
+        }
+        if (held == Py_None) {
+            array = SLOT(sv, r->data);
+        } else if (PyObject_TypeCheck(held, r->tensor_type)) {
+            array = SLOT(held, r->inner);
+        } else {
+            PyErr_Format(PyExc_TypeError, "Reader: a saved tensor of type %s",
+                         Py_TYPE(held)->tp_name);
+            Py_DECREF(sv);
+            goto fail;
+        }
+        if (array == NULL) {
+            unset(sv, "its array");
+            Py_DECREF(sv);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(array));
+        if (release) {
+            PyObject *old_held = SLOT(sv, r->held), *old_data = SLOT(sv, r->data);
+            PyObject *old_flag = SLOT(sv, r->released);
+            SLOT(sv, r->held) = Py_NewRef(Py_None);
+            SLOT(sv, r->data) = Py_NewRef(Py_None);
+            SLOT(sv, r->released) = Py_NewRef(Py_True);
+            /* (after the stores: a finalizer that runs here sees them done) */
+            Py_XDECREF(old_held);
+            Py_XDECREF(old_data);
+            Py_XDECREF(old_flag);
+        }
+        Py_DECREF(sv);
+    }
+    return out;
+fail:
+    Py_DECREF(out);     /* (unfilled items are NULL: list_dealloc skips them) */
+    return NULL;
+}
+
+static int reader_traverse(Reader *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->value_type);
+    Py_VISIT(r->tensor_type);
+    return 0;
+}
+
+static int reader_clear(Reader *r)
+{
+    Py_CLEAR(r->value_type);
+    Py_CLEAR(r->tensor_type);
+    return 0;
+}
+
+static void reader_dealloc(Reader *r)
+{
+    PyObject_GC_UnTrack(r);
+    reader_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_slots.Reader",
+    .tp_doc = "Saved values' arrays, read (and released) in one pass (runtime/slots.c).",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)reader_traverse,
+    .tp_clear = (inquiry)reader_clear,
+    .tp_init = (initproc)reader_init,
+    .tp_dealloc = (destructor)reader_dealloc,
+    .tp_call = (ternaryfunc)reader_call,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_slots", NULL, -1, NULL,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__slots(void)
+{
+    if (PyType_Ready(&ReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
