@@ -254,7 +254,7 @@ def lookup(roots, input_edges, accumulate, context):
     # The compiler's id is part of the key; its family holds the compiler itself,
     # so that id is never handed on to another callable while the entry exists.
     cache_key = (id(context.compiler), context.unpack, key)
-    sizes, scalars = tuple(collected.sizes), collected.scalars
+    sizes, scalars = collected.sizes, collected.scalars     # (a list: static_check's)
     family = families.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:

@@ -61,7 +61,7 @@ class Family:
     """The compiled graphs of one structure (one key), for different sizes."""
     dynamic: set            # positions in ``sizes`` made symbolic
     entries: list           # (static (position, value) pairs, guards, CompiledBackward)
-    last_sizes: tuple = ()
+    last_sizes: tuple = ()  # (or the list a hit collected)
     compiler: object = None  # kept alive: its id is in the key
     # node rank -> which gradients that custom Function's backward returned as
     # None, learned at run time (``hook_calls.call_backward``); the tracer
@@ -77,10 +77,11 @@ class Family:
 
 
 def static_check(sizes, dynamic):
-    """A C-speed test that the static sizes equal these."""
+    """A C-speed test that the static sizes equal these (it takes a list: what
+    ``CompiledNodeArgs.sizes`` is)."""
     positions = [p for p in range(len(sizes)) if p not in dynamic]
     if len(positions) == len(sizes):
-        return sizes.__eq__
+        return list(sizes).__eq__
     if not positions:
         return lambda s: True
     pick = operator.itemgetter(*positions)
