@@ -11,7 +11,9 @@
    the descriptors give (PyMemberDef: public API): each value must be exactly of
    the descriptors' class and each held tensor an instance of the inner one's,
    else TypeError, and a slot that is unset is an AttributeError, as in Python.
-   On an error the values before it are released (as a Python loop leaves them). */
+   Each value is read, then released, in turn (as the reference loop does): on an
+   error the values before it are released. What the releases let go of is
+   dropped after the loop, so no finalizer runs inside it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -42,15 +44,21 @@ static int reader_init(Reader *r, PyObject *args, PyObject *kwds)
 {
     PyObject *held, *data, *released, *inner;
     PyTypeObject *t1, *t2, *t3, *t4;
+    Py_ssize_t o1, o2, o3, o4;
     if (!PyArg_ParseTuple(args, "OOOO", &held, &data, &released, &inner))
         return -1;
-    if (slot_offset(held, &t1, &r->held) < 0 || slot_offset(data, &t2, &r->data) < 0
-        || slot_offset(released, &t3, &r->released) < 0 || slot_offset(inner, &t4, &r->inner) < 0)
+    if (slot_offset(held, &t1, &o1) < 0 || slot_offset(data, &t2, &o2) < 0
+        || slot_offset(released, &t3, &o3) < 0 || slot_offset(inner, &t4, &o4) < 0)
         return -1;
     if (t1 != t2 || t1 != t3) {
         PyErr_SetString(PyExc_TypeError, "Reader: held, data and released are slots of one class");
         return -1;
     }
+    /* (all checked first: a failed __init__ leaves the reader as it was) */
+    r->held = o1;
+    r->data = o2;
+    r->released = o3;
+    r->inner = o4;
     Py_XSETREF(r->value_type, (PyTypeObject *)Py_NewRef(t1));
     Py_XSETREF(r->tensor_type, (PyTypeObject *)Py_NewRef(t4));
     return 0;
@@ -76,27 +84,23 @@ static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kwds)
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!p", names, &PyList_Type, &values, &release))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(values);
-    PyObject *out = PyList_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i >= PyList_GET_SIZE(values)) {     /* (a finalizer shortened it) */
-            PyErr_SetString(PyExc_RuntimeError, "Reader: the list changed size");
-            goto fail;
-        }
-        PyObject *sv = PyList_GET_ITEM(values, i);
+    Py_ssize_t n = PyList_GET_SIZE(values), done = 0;
+    /* The arrays, and what the releases let go of (3 a value), dropped at the end. */
+    PyObject **arrays = PyMem_Calloc((size_t)n * 4 + 1, sizeof(PyObject *));
+    if (arrays == NULL)
+        return PyErr_NoMemory();
+    PyObject **dropped = arrays + n, *out = NULL;
+    for (; done < n; done++) {      /* (no Python code runs in here: the list stays) */
+        PyObject *sv = PyList_GET_ITEM(values, done);
         if (Py_TYPE(sv) != r->value_type) {
             PyErr_Format(PyExc_TypeError, "Reader: expected %s, got %s", r->value_type->tp_name,
                          Py_TYPE(sv)->tp_name);
-            goto fail;
+            goto finish;
         }
-        Py_INCREF(sv);
         PyObject *held = SLOT(sv, r->held), *array;
         if (held == NULL) {
             unset(sv, "its tensor");
-            Py_DECREF(sv);
-            goto fail;
+            goto finish;
         }
         if (held == Py_None) {
             array = SLOT(sv, r->data);
@@ -105,32 +109,36 @@ static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kwds)
         } else {
             PyErr_Format(PyExc_TypeError, "Reader: a saved tensor of type %s",
                          Py_TYPE(held)->tp_name);
-            Py_DECREF(sv);
-            goto fail;
+            goto finish;
         }
         if (array == NULL) {
             unset(sv, "its array");
-            Py_DECREF(sv);
-            goto fail;
+            goto finish;
         }
-        PyList_SET_ITEM(out, i, Py_NewRef(array));
+        arrays[done] = Py_NewRef(array);
         if (release) {
-            PyObject *old_held = SLOT(sv, r->held), *old_data = SLOT(sv, r->data);
-            PyObject *old_flag = SLOT(sv, r->released);
+            dropped[3 * done] = SLOT(sv, r->held);
+            dropped[3 * done + 1] = SLOT(sv, r->data);
+            dropped[3 * done + 2] = SLOT(sv, r->released);
             SLOT(sv, r->held) = Py_NewRef(Py_None);
             SLOT(sv, r->data) = Py_NewRef(Py_None);
             SLOT(sv, r->released) = Py_NewRef(Py_True);
-            /* (after the stores: a finalizer that runs here sees them done) */
-            Py_XDECREF(old_held);
-            Py_XDECREF(old_data);
-            Py_XDECREF(old_flag);
         }
-        Py_DECREF(sv);
     }
+    if ((out = PyList_New(n)) != NULL)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyList_SET_ITEM(out, i, arrays[i]);     /* (the list's reference now) */
+            arrays[i] = NULL;
+        }
+finish:
+    for (Py_ssize_t i = 0; i < done; i++) {
+        Py_XDECREF(arrays[i]);
+        Py_XDECREF(dropped[3 * i]);
+        Py_XDECREF(dropped[3 * i + 1]);
+        Py_XDECREF(dropped[3 * i + 2]);
+    }
+    PyMem_Free(arrays);
     return out;
-fail:
-    Py_DECREF(out);     /* (unfilled items are NULL: list_dealloc skips them) */
-    return NULL;
 }
 
 static int reader_traverse(Reader *r, visitproc visit, void *arg)

@@ -277,6 +277,53 @@ def test_a_custom_functions_second_backward_fails_as_eager(on_backend):
         _compiled_backward(loss)
 
 
+def test_a_function_with_no_differentiable_output_leaves_the_segment(on_backend):
+    """A Function whose outputs carry no gradient (an argmax beside the loss) has
+    a node in no graph: it does not end the segment."""
+    class Argmax(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return ca.from_numpy(np.argmax(a.numpy(), axis=-1))
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+    x = ca.tensor(np.linspace(0, 1, 32).reshape(4, 8), requires_grad=True)
+    ca.compiled_backward(backend="python")
+    for _ in range(2):
+        x.grad = None
+        h = x.exp()
+        Argmax.apply(h)
+        loss = (h * 2).sum()
+        assert _taken(lambda: _compiled_backward(loss)) == 1
+        _same(x.grad.numpy(), 2 * np.exp(x.detach().numpy()))
+
+
+def test_a_graph_the_collector_frees_while_a_node_is_added(monkeypatch):
+    """A dropped graph in a reference cycle goes at a garbage collection, which
+    can run at any allocation while the forward adds a node: its segment ends
+    then, and the forward goes on."""
+    ca.compiled_backward(backend="python")
+    x = ca.tensor(np.ones(4), requires_grad=True)
+    collect_node = forward_key.collect_node
+
+    def collecting(*args, **kwargs):        # (a collection at an allocation in there)
+        gc.collect()
+        return collect_node(*args, **kwargs)
+    gc.disable()
+    try:
+        y = x.exp() * 2
+        y.register_hook(lambda g, y=y: g)   # tensor -> hook -> tensor: a cycle
+        del y
+        monkeypatch.setattr(forward_key, "collect_node", collecting)
+        h = x.sin()
+        monkeypatch.setattr(forward_key, "collect_node", collect_node)
+    finally:
+        gc.enable()
+    _compiled_backward(h.sum())
+    np.testing.assert_allclose(x.grad.numpy(), np.cos(np.ones(4)))
+
+
 def test_graphs_the_segment_cannot_describe_walk(on_backend):
     ca.compiled_backward(backend="python")
     x = ca.tensor(np.arange(1.0, 4.0), requires_grad=True)

@@ -104,6 +104,13 @@ def test_a_reader_wants_object_slots():
     with pytest.raises(TypeError, match="one class"):
         module.Reader(SavedVariable._tensor, TensorBase._grad, SavedVariable.released,
                       TensorBase._data)
+    made = module.Reader(SavedVariable._tensor, SavedVariable._data, SavedVariable.released,
+                         TensorBase._data)
+    with pytest.raises(TypeError, match="one class"):     # a failed __init__ changes nothing
+        made.__init__(SavedVariable._tensor, TensorBase._grad, SavedVariable.released,
+                      TensorBase._data)
+    loss, saved = _saved_values()
+    assert all(a is _node.plain_array(sv) for a, sv in zip(made(saved, False), saved))
 
 
 def test_off_by_the_environment(monkeypatch):

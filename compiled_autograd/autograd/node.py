@@ -572,17 +572,19 @@ class SavedVariable:
             _reader.append(slots.reader(SavedVariable._tensor, SavedVariable._data,
                                         SavedVariable.released, TensorBase._data))
         read = _reader[0]
-        if read is not None:
-            arrays = read(saved, release)
-        else:
-            arrays = list(map(plain_array, saved))
-            if release:
-                for sv in saved:
+        try:
+            if read is not None:
+                return read(saved, release)
+            arrays = []
+            for sv in saved:        # (each read, then released, in turn)
+                arrays.append(plain_array(sv))
+                if release:
                     sv._tensor = sv._data = None
                     sv.released = True
-        if release:
-            release_clock += len(saved)
-        return arrays
+            return arrays
+        finally:
+            if release:         # (on an error too: some may be released)
+                release_clock += len(saved)
 
 
 def plain_array(sv):
@@ -591,7 +593,7 @@ def plain_array(sv):
     return sv._data if sv._tensor is None else sv._tensor._data
 
 
-_reader: list = []     # [runtime.slots' Reader over SavedVariable, or None], once made
+_reader: list = []     # [runtime.slots' Reader, or None]: made once (CA_C_SLOTS read then)
 
 # Moves on every release of a saved value anywhere (``SavedVariable.release``): a
 # reader that finds it where it was knows that none was released since.

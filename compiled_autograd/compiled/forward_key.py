@@ -123,7 +123,9 @@ class Segment:
             self.spoil()
             return
         self.last_made = node._sequence_nr
-        rank, args = self.rank, self.args
+        # (Its own references: the segment may be dropped while this runs -- a
+        # garbage collection at any allocation frees a dropped graph.)
+        rank, args, unconsumed = self.rank, self.args, self.unconsumed
         i = len(rank)
         key, saved = args.key, args.saved
         n_key, n_saved = len(key), len(saved)
@@ -133,10 +135,11 @@ class Segment:
             if isinstance(node, FunctionBackward):
                 # Its part is collected at the backward; the next run of items
                 # folds from 0 (the take joins the runs: ``_with_late``).
-                self.late.append((weakref.ref(node), edges, n_key, len(args.sizes),
-                                  len(args.scalars), n_saved, self.hash))
+                late = self.late
+                late.append((weakref.ref(node), edges, n_key, len(args.sizes),
+                             len(args.scalars), n_saved, self.hash))
                 self.hash = 0
-                self._link(node, i, edges)
+                self._link(node, i, edges, rank, unconsumed)
                 return
             collect_node(args, node, edges)
             h = intern_fold(key, n_key, self.hash)
@@ -164,15 +167,14 @@ class Segment:
                 return
             inputs.clear()
         self.hash = h
-        self._link(node, i, edges)
+        self._link(node, i, edges, rank, unconsumed)
 
-    def _link(self, node, i, edges) -> None:
+    def _link(self, node, i, edges, rank, unconsumed) -> None:
         """Node ``i`` is the segment's: the nodes it points to are consumed."""
-        unconsumed = self.unconsumed
         for edge in edges:
             if edge is not None and edge[0].__class__ is int:
                 unconsumed.pop(i - edge[0], None)   # pointed to: its weak reference goes
-        self.rank[id(node)] = i
+        rank[id(node)] = i
         unconsumed[i] = weakref.ref(node, self._on_drop)
 
     def spoil(self) -> None:
