@@ -39,6 +39,7 @@ from codegen.c_text import ENV as _ENV
 from codegen.c_text import Stmt, literal
 from codegen.python import _comment
 from compiled_autograd.ir.graph import Node
+from compiled_autograd.ir.symbolic import SymFloat, SymInt
 from runtime.cbuild import array_data_offset, blas
 from runtime.lowering import SAME_LOOP
 from runtime.prims import PRIMS
@@ -106,9 +107,8 @@ class CProgram:
         self.windows: list = []       # per block: (open, close) callback ordinals
         self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False
-        # Whether the C reads the boxed sizes and scalars at all: a program
-        # without symbols needs neither (symbols are read as ``sizes[i]`` and
-        # ``scalars[i]``: ir.symbolic.boxed_symbol).
+        # Whether the C reads the boxed sizes and scalars at all: a graph
+        # without size (scalar) symbols gives the C no way to (``symbol_kinds``).
         self.reads_sizes = self.reads_scalars = True
         self.errors: list[str] = []   # messages of C-detected errors (code = -(i+1))
         self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
@@ -514,8 +514,10 @@ class Emitter:
                 prog.sources.append(_ENV.get_template("part.c.j2").render(
                     index=k, blocks=part, reads=reads, writes=writes, **common))
         prog.source = "\n".join(prog.sources)
-        prog.reads_sizes = "sizes[" in prog.source          # (boxed_symbol's text)
-        prog.reads_scalars = "scalars[" in prog.source
+        prog.reads_sizes, prog.reads_scalars = symbol_kinds(self.graph)
+        for box, reads in (("sizes", prog.reads_sizes), ("scalars", prog.reads_scalars)):
+            if not reads and f"{box}[" in prog.source:      # (boxed_symbol's text)
+                raise AssertionError(f"c codegen: the C reads {box} the graph has no symbol of")
         return prog
 
 
@@ -531,6 +533,25 @@ def _split(blocks, max_lines):
         current.append(block)
         lines += n
     return parts + [current] if current else parts
+
+
+def symbol_kinds(graph) -> tuple[bool, bool]:
+    """(whether the graph has size symbols, scalar symbols) in any node's args,
+    kwargs or shape: the only ways the boxed sizes and scalars reach the code."""
+    found = set()
+
+    def visit(value):
+        if isinstance(value, (SymInt, SymFloat)):
+            found.add(type(value))
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+    for node in graph.nodes:
+        visit((node.args, node.kwargs, node.meta.get("shape")))
+    return SymInt in found, SymFloat in found
 
 
 def generate(graph, part_lines=PART_LINES) -> CProgram:
