@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
@@ -252,16 +253,67 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
    2 MB and asks for huge pages: a fresh gradient's pages are faulted in as the
    backward first writes them, and a 4 MB array of 4 kB pages is ~1000 faults, of
    2 MB pages ~2 (benchmarks/c_breakdown.py counts them). The array owns nothing;
-   its base, a capsule, frees the memory. numpy's tracemalloc domain sees it as it
-   sees numpy's own buffers. */
+   its base, a capsule, gives the memory back. numpy's tracemalloc domain sees it
+   as it sees numpy's own buffers.
+
+   Given back, such a block is kept for the next call (a training step drops its
+   gradients, zero_grad(set_to_none), and the next backward makes them again):
+   reused, it costs neither page faults nor the kernel's zeroing of fresh pages.
+   At most CACHE_BLOCKS blocks of CACHE_BYTES in all; a request takes the smallest
+   kept block that holds it and is at most twice its size. ``release_memory()``
+   frees them. Under the GIL: the call and the capsule's destructor both hold it. */
 #define HUGE_ALIGN ((size_t)2 << 20)
 #define NUMPY_TRACE_DOMAIN 389047
+#define CACHE_BLOCKS 32
+#define CACHE_BYTES ((size_t)256 << 20)
+
+static struct { void *p; size_t size; } cache[CACHE_BLOCKS];
+static int n_cached;
+static size_t cached_bytes;
+
+/* A kept block for ``*size`` bytes (then ``*size`` is the block's), or NULL: the
+   smallest that fits, the last kept of those (its pages are the likeliest in
+   cache). The others keep their order. */
+static void *take_cached(size_t *size)
+{
+    int best = -1;
+    for (int k = n_cached - 1; k >= 0; k--)
+        if (cache[k].size >= *size && cache[k].size / 2 <= *size
+            && (best < 0 || cache[k].size < cache[best].size))
+            best = k;
+    if (best < 0)
+        return NULL;
+    void *p = cache[best].p;
+    *size = cache[best].size;
+    cached_bytes -= cache[best].size;
+    memmove(&cache[best], &cache[best + 1], (size_t)(n_cached - best - 1) * sizeof cache[0]);
+    n_cached--;
+    return p;
+}
 
 static void free_huge(PyObject *capsule)
 {
     void *p = PyCapsule_GetPointer(capsule, "compiled_autograd.huge");
+    size_t size = (size_t)(uintptr_t)PyCapsule_GetContext(capsule);
     PyTraceMalloc_Untrack(NUMPY_TRACE_DOMAIN, (uintptr_t)p);
-    free(p);
+    if (size > 0 && n_cached < CACHE_BLOCKS && cached_bytes + size <= CACHE_BYTES) {
+        cache[n_cached].p = p;
+        cache[n_cached++].size = size;
+        cached_bytes += size;
+    } else {
+        free(p);
+    }
+}
+
+static PyObject *release_memory(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    size_t freed = cached_bytes;
+    while (n_cached > 0)
+        free(cache[--n_cached].p);
+    cached_bytes = 0;
+    return PyLong_FromSize_t(freed);
 }
 
 static PyObject *output_array(const Layout *l)
@@ -276,13 +328,15 @@ static PyObject *output_array(const Layout *l)
     Py_DECREF(descr);
     if (nbytes < ((size_t)4 << 20))
         return PyArray_EMPTY(l->ndim, l->dims, l->type, 0);
-    void *p = NULL;
-    size_t rounded = (nbytes + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
-    if (posix_memalign(&p, HUGE_ALIGN, rounded) != 0)
-        return PyErr_NoMemory();
+    size_t size = (nbytes + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
+    void *p = take_cached(&size);
+    if (p == NULL) {
+        if (posix_memalign(&p, HUGE_ALIGN, size) != 0)
+            return PyErr_NoMemory();
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, rounded, MADV_HUGEPAGE);     /* a hint: no huge pages is fine */
+        (void)madvise(p, size, MADV_HUGEPAGE);     /* a hint: no huge pages is fine */
 #endif
+    }
     PyTraceMalloc_Track(NUMPY_TRACE_DOMAIN, (uintptr_t)p, nbytes);
     PyObject *capsule = PyCapsule_New(p, "compiled_autograd.huge", free_huge);
     if (capsule == NULL) {
@@ -290,10 +344,17 @@ static PyObject *output_array(const Layout *l)
         free(p);
         return NULL;
     }
+    if (PyCapsule_SetContext(capsule, (void *)(uintptr_t)size) < 0) {
+        Py_DECREF(capsule);         /* (no size: free_huge frees the block) */
+        return NULL;
+    }
     PyObject *arr = PyArray_SimpleNewFromData(l->ndim, (npy_intp *)l->dims, l->type, p);
-    if (arr == NULL || PyArray_SetBaseObject((PyArrayObject *)arr, capsule) < 0) {
-        Py_XDECREF(arr);
+    if (arr == NULL) {
         Py_DECREF(capsule);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, capsule) < 0) {   /* (steals it) */
+        Py_DECREF(arr);
         return NULL;
     }
     return arr;
@@ -437,7 +498,12 @@ static PyTypeObject RunnerType = {
     .tp_call = (ternaryfunc)runner_call,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_call", NULL, -1, NULL,
+static PyMethodDef methods[] = {
+    {"release_memory", release_memory, METH_NOARGS,
+     "Free the large outputs' blocks kept for reuse; returns their bytes."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_call", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__c_call(void)

@@ -44,6 +44,14 @@ from runtime.extension import Extension
 
 C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),), "the C call",
                    "CA_C_CALL", numpy_headers=True)
+
+
+def release_memory() -> int:
+    """Free the blocks of large gradients the C call keeps for the next backward
+    (at most 256 MB; c_call.c, ``output_array``), as torch.cuda.empty_cache frees
+    its cache; returns their bytes."""
+    module = C_CALL.loaded()
+    return module.release_memory() if module is not None else 0
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
 _P = ctypes.c_void_p
 

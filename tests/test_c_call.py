@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_run import C_CALL, CBackward
+from codegen.c_run import C_CALL, CBackward, release_memory
 from compiled_autograd.compiled import api as compiled
 from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
@@ -339,3 +339,28 @@ def test_a_large_gradient_is_huge_page_memory_that_frees_with_its_array():
         assert after == held - 1024 * 1024 * 4
     finally:
         tracemalloc.stop()
+
+
+def test_a_large_gradients_block_is_kept_for_the_next_backward():
+    """A large output's block, given back (its .grad dropped), is reused by the
+    next backward (no fresh pages to fault in), and ``release_memory`` frees what
+    is kept."""
+    w = ca.tensor(np.linspace(-1.0, 1.0, 1024 * 1024, dtype=np.float32).reshape(1024, 1024),
+                  requires_grad=True)
+    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
+
+    def grad():
+        w.grad = None
+        with ca.compiled_backward(backend="c"):
+            (x @ w).tanh().sum().backward()
+        return w.grad.numpy()
+    release_memory()                            # (blocks earlier tests gave back)
+    first = grad().copy()                       # (compiles)
+    address = w.grad.numpy().ctypes.data
+    again = grad()
+    assert again.ctypes.data == address         # the block the first gradient gave back
+    np.testing.assert_array_equal(again, first)
+    del again
+    w.grad = None                               # (the block is kept again)
+    assert release_memory() >= 4 * 1024 * 1024
+    assert release_memory() == 0
