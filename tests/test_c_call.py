@@ -364,3 +364,20 @@ def test_a_large_gradients_block_is_kept_for_the_next_backward():
     w.grad = None                               # (the block is kept again)
     assert release_memory() >= 4 * 1024 * 1024
     assert release_memory() == 0
+
+
+def test_at_most_32_large_blocks_are_kept():
+    """The kept blocks are bounded: 34 large gradients given back at once leave 32."""
+    ws = [ca.tensor(np.full((1024, 1024), 0.001 * k, dtype=np.float32), requires_grad=True)
+          for k in range(34)]
+    x = ca.tensor(np.ones((2, 1024), dtype=np.float32))
+    release_memory()
+    loss = ws[0].sum() * 0.0
+    for w in ws:
+        loss = loss + (x @ w).sum()
+    with ca.compiled_backward(backend="c"):
+        loss.backward()
+    assert all(w.grad.numpy().ctypes.data % (2 << 20) == 0 for w in ws)
+    for w in ws:
+        w.grad = None
+    assert release_memory() == 32 * 4 * 1024 * 1024
