@@ -8,7 +8,10 @@ thread's *segment*: the nodes made since its last compiled backward, in the orde
 they were made (a node that arrives out of its sequence number's order spoils the
 segment). That is the key's canonical order (``compiled_args.canonical_order``),
 so a node's part of the key is final when it is made: its edges name nodes of the
-segment by distance, and leaves by first reference.
+segment by distance, and leaves by first reference. A custom Function's node
+(``Function.apply`` tells ``node_made`` too) takes its place in that order, but
+its part is collected at the backward, when its ctx is what the backward reads
+(``_with_late``); the segment holds it by weak reference.
 
 A backward takes the segment (``take``) when its graph is exactly the segment:
 - one root, the segment's newest node, which every other node of the segment
@@ -20,10 +23,12 @@ A backward takes the segment (``take``) when its graph is exactly the segment:
   only when the release or write clock moved since the segment began.
 The leaves (whose hooks may change between forward and backward) and the roots are
 collected then, with the same code, after the segment's part: the canonical order
-again. The saved arrays (or, under saved-tensor hooks, the unpack hooks and packed
-data) are read from the saved variables then, so the segment holds nothing the
-graph does not hold. In every other case ``take`` returns None
-and ``compiled_args.collect`` walks the graph; it also raises eager's errors.
+again. The saved values' runtime values are read from the saved variables, so the
+segment holds nothing the graph does not hold: under saved-tensor hooks (or with
+custom Functions) at the take, else at the hand-over to the compiled function,
+in one pass with their release (``SavedVariable.arrays``; ``unread_saved``). In
+every other case ``take`` returns None and ``compiled_args.collect`` walks the
+graph; it also raises eager's errors.
 
 ``CA_CHECK_KEY=1`` in the environment (or ``check_key(True)``) collects both ways on
 every backward that takes a segment and raises on any difference: compiled_args
