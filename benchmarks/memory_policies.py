@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import compiled_autograd as ca
+from compiled_autograd.compiled.api import backward_on
 from compiled_autograd.examples import build
 from compiled_autograd.planning.profile import prim_flops
 from runtime import memory as rt_memory
@@ -89,11 +90,8 @@ def plan_graph_flops(plan, ex) -> tuple[int, int]:
 
 
 def _backward(loss, backend):
-    if backend == "eager":
-        loss.backward()
-    else:
-        with ca.compiled_backward(backend=backend):
-            loss.backward()
+    """"eager" is the eager engine (as the CLI's ``--backend``)."""
+    backward_on(loss, None if backend == "eager" else backend)
 
 
 def measure_peak(ex, plan=None, backend="python", witness=False):

@@ -22,6 +22,7 @@ import compiled_autograd as ca
 from compiled_autograd import demo
 from compiled_autograd.autograd.node import AccumulateGrad
 from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.compiled.api import backward_on
 from compiled_autograd.examples import build
 from compiled_autograd.memory.report import LARGEST_TITLE, largest_live, write_report
 
@@ -302,11 +303,7 @@ def cmd_memory(args, out):
 
 def _backward(loss, backend):
     """As ``plan_checkpoints`` runs it: "eager" is the eager engine."""
-    if backend == "eager":
-        loss.backward()
-    else:
-        with ca.compiled_backward(backend=backend):
-            loss.backward()
+    backward_on(loss, None if backend == "eager" else backend)
 
 
 def _memory_plan(args, model, out):

@@ -131,6 +131,16 @@ class compiled_backward:
         return run(roots, retain_graph, input_edges, accumulate, self)
 
 
+def backward_on(loss, backend) -> None:
+    """``loss.backward()`` on ``backend``: None is the eager engine, anything else a
+    compiled backward with it (``compiled_backward(backend=backend)``)."""
+    if backend is None:
+        loss.backward()
+        return
+    with compiled_backward(backend=backend):
+        loss.backward()
+
+
 # ---------------------------------------------------------------- running
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from compiled_autograd.autograd.random import get_rng_state, set_rng_state
 from compiled_autograd.autograd.recipe import RecipeRecorder
-from compiled_autograd.compiled.api import compiled_backward, trace_with_values
+from compiled_autograd.compiled.api import backward_on, trace_with_values
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.profile import profile
 from runtime import memory as _rt
@@ -121,11 +121,7 @@ def _backward(loss, backend):
     for leaf in leaves:
         leaf.grad = None
     try:
-        if backend is None:
-            loss.backward()
-        else:
-            with compiled_backward(backend=backend):
-                loss.backward()
+        backward_on(loss, backend)
     finally:
         for leaf, g in zip(leaves, before):
             leaf.grad = g
