@@ -172,6 +172,7 @@ def _median_backward(make_loss, params, reps, run):
 def measure(reps):
     """One process: every case and mode; returns {case: {mode: seconds}}."""
     import compiled_autograd as ca
+    from compiled_autograd.compiled.api import backward_on
     try:
         import torch
         torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
@@ -186,10 +187,8 @@ def measure(reps):
         for backend in ("eager", "python", "c"):
             ca.reset_compiled_autograd()
 
-            def run(loss, backend=backend):
-                with ca.compiled_backward(backend=backend):
-                    loss.backward()
-            row[f"graph:{backend}"] = _median_backward(make_loss, params, n, run)
+            row[f"graph:{backend}"] = _median_backward(
+                make_loss, params, n, lambda loss, backend=backend: backward_on(loss, backend))
         ca.reset_compiled_autograd()
         loss = make_loss()
         start = time.perf_counter()
@@ -227,16 +226,12 @@ def _beside_floor(case, n, make_loss, params, rounds=3):
     """The GEMM floor and the "c" backward measured in turns (``rounds`` rounds of
     ``n`` each, so that both see the same machine): the medians, and the median of
     the rounds' ratios."""
-    import compiled_autograd as ca
+    from compiled_autograd.compiled.api import backward_on
     floor_once, calls = gemm_floor(case)
-
-    def run(loss):
-        with ca.compiled_backward(backend="c"):
-            loss.backward()
     floors, cs = [], []
     for _ in range(rounds):
         floors.append(floor_once(n))
-        cs.append(_median_backward(make_loss, params, n, run))
+        cs.append(_median_backward(make_loss, params, n, lambda loss: backward_on(loss, "c")))
     return {"gemm floor": statistics.median(floors), "gemm calls": calls,
             "c beside floor": statistics.median(cs),
             "c/floor": statistics.median(c / f for c, f in zip(cs, floors))}

@@ -190,8 +190,6 @@ def statement_kind(text):
 
 def statement_kinds(case, reps):
     """{kind: [statements, seconds per backward]}, and the whole backward's median."""
-    import backward
-    import compiled_autograd as ca
     from codegen import c as c_emitter
     from runtime import cbuild
     kinds = []
@@ -210,6 +208,21 @@ def statement_kinds(case, reps):
     libs = []
     c_emitter.Emitter.emit, cbuild.build = timed_emit, timed_build
     cbuild.load = lambda path: libs.append(load(path)) or libs[-1]
+    try:
+        seconds, whole = clocked_backwards(case, reps, libs, "ca_stmt_seconds", 8192)
+    finally:
+        c_emitter.Emitter.emit, cbuild.build, cbuild.load = emit, build, load
+    return tally(kinds, seconds, reps), statistics.median(whole)
+
+
+def clocked_backwards(case, reps, libs, symbol, size):
+    """``case``'s "c" backward, ``reps`` + 3 times in a fresh C cache (the caller's
+    patched build adds clocks to the C; ``libs`` gets each library loaded): the C
+    array ``symbol`` (``size`` doubles) zeroed after the miss and two warm-ups, and
+    the timed backwards' seconds."""
+    import backward
+    import compiled_autograd as ca
+    from compiled_autograd.compiled.api import backward_on
     make_loss, params = backward._ca_setup(case)
     whole = []
     try:
@@ -218,23 +231,27 @@ def statement_kinds(case, reps):
             ca.reset_compiled_autograd()
             for i in range(reps + 3):
                 if i == 3:    # after the miss and two warm-up calls
-                    seconds = (ctypes.c_double * 8192).in_dll(libs[-1], "ca_stmt_seconds")
+                    seconds = (ctypes.c_double * size).in_dll(libs[-1], symbol)
                     ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
                 loss = make_loss()
                 start = time.perf_counter()
-                with ca.compiled_backward(backend="c"):
-                    loss.backward()
-                whole.append(time.perf_counter() - start)
+                backward_on(loss, "c")
+                if i >= 3:
+                    whole.append(time.perf_counter() - start)
                 for p in params:
                     p.grad = None
     finally:
-        c_emitter.Emitter.emit, cbuild.build, cbuild.load = emit, build, load
         ca.reset_compiled_autograd()
+    return seconds, whole
+
+
+def tally(names, seconds, reps):
+    """{name: [how many, seconds per backward]} of clocked statements or steps."""
     out = collections.defaultdict(lambda: [0, 0.0])
-    for k, kind in enumerate(kinds):
-        out[kind][0] += 1
-        out[kind][1] += seconds[k] / reps
-    return dict(out), statistics.median(whole[3:])
+    for k, name in enumerate(names):
+        out[name][0] += 1
+        out[name][1] += seconds[k] / reps
+    return dict(out)
 
 
 def print_statement_kinds(reps):

@@ -10,12 +10,9 @@ private cache directory, so the timing code never reaches a normal build.
 from __future__ import annotations
 
 import argparse
-import collections
-import ctypes
 import os
 import re
 import sys
-import tempfile
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
@@ -53,35 +50,19 @@ def _timed(sources, names):
 
 def c_steps(reps):
     """{node kind: (count, seconds per backward)}, total seconds per backward."""
-    import backward
-    import compiled_autograd as ca
+    import c_breakdown
     from runtime import cbuild
     names, libs = [], []
     build, load = cbuild.build, cbuild.load
     cbuild.build = lambda sources, *a, **k: build(_timed(sources, names), *a, **k)
     cbuild.load = lambda path: libs.append(load(path)) or libs[-1]
-    make_loss, params = backward._ca_setup("transformer")
     try:
-        with tempfile.TemporaryDirectory() as cache:
-            os.environ["CA_CACHE_DIR"] = cache
-            ca.reset_compiled_autograd()
-            for i in range(reps + 3):
-                if i == 3:    # after the miss and two warm-up calls
-                    seconds = (ctypes.c_double * 4096).in_dll(libs[-1], "ca_step_seconds")
-                    ctypes.memset(seconds, 0, ctypes.sizeof(seconds))
-                loss = make_loss()
-                with ca.compiled_backward(backend="c"):
-                    loss.backward()
-                for p in params:
-                    p.grad = None
+        seconds, _ = c_breakdown.clocked_backwards("transformer", reps, libs,
+                                                   "ca_step_seconds", 4096)
     finally:
         cbuild.build, cbuild.load = build, load
-        ca.reset_compiled_autograd()
-    kinds = collections.defaultdict(lambda: [0, 0.0])
-    for k, name in enumerate(names):
-        kinds[name][0] += 1
-        kinds[name][1] += seconds[k] / reps
-    return kinds, sum(seconds[k] for k in range(len(names))) / reps
+    return c_breakdown.tally(names, seconds, reps), \
+        sum(seconds[k] for k in range(len(names))) / reps
 
 
 def torch_ops(reps):

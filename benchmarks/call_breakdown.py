@@ -37,6 +37,7 @@ def breakdown(case, reps):
     from compiled_autograd.autograd import engine
     from compiled_autograd.autograd.node import SavedVariable
     from compiled_autograd.compiled import api, cache, forward_key
+    from compiled_autograd.compiled.api import backward_on
     make_loss, params = backward._ca_setup(case)
     ca.reset_compiled_autograd()
     for _ in range(3):
@@ -68,11 +69,9 @@ def breakdown(case, reps):
     (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
     timed(entry, "fn", "call")
 
-    def run(loss):
-        with ca.compiled_backward(backend="c"):
-            loss.backward()
     try:
-        whole = backward._median_backward(make_loss, params, reps, run)
+        whole = backward._median_backward(make_loss, params, reps,
+                                          lambda loss: backward_on(loss, "c"))
     finally:
         for owner, name, real in reversed(restore):
             setattr(owner, name, real)
