@@ -10,10 +10,8 @@ call_backward node) or is traced into the graph (``custom_fn_inlined``:
 medians, at 1 thread and at the default thread count (each in a fresh process,
 since BLAS threads are fixed at start-up). Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
-capture+codegen and the cache hit alone are reported too (with the key the forward
-kept, compiled/forward_key.py, the default, and walking the graph for it), the
-forward's time keeping that key and without (as before compiled autograd's first
-use), and the C build time of the transformer's backward: cold (a fresh cache
+capture+codegen and the cache hit alone (walking the graph for the compiled args
+and looking the key up) are reported too, and the C build time of the transformer's backward: cold (a fresh cache
 directory) and cached (a second process that finds the library).
 
 The GEMM floor of the large MLP and the transformer: the BLAS calls of the
@@ -197,8 +195,6 @@ def measure(reps):
         row["first (capture+codegen+run)"] = time.perf_counter() - start
         row["capture+codegen"] = ca.compiled_autograd_stats()["compile_seconds"]
         row["cache hit alone"] = _cache_hit_time(make_loss, n)
-        row["hit, walked"] = _cache_hit_time(make_loss, n, kept=False)
-        row["forward"], row["forward, no key"] = _forward_times(make_loss, n)
         if case in FLOOR_CASES:
             row.update(_beside_floor(case, n, make_loss, params))
         if torch is not None:
@@ -278,52 +274,27 @@ def gemm_floor(case):
     return once, sum(g.batch for g in gemms)
 
 
-def _cache_hit_time(make_loss, reps, kept=True):
+def _cache_hit_time(make_loss, reps):
     """The code a cache hit runs before the compiled function: root gradients,
-    collecting the compiled args, the lookup (``compiled.lookup``); with the key
-    the forward kept (compiled/forward_key.py, the default) or walking the graph
-    for it (``forward_key.walking()``)."""
-    import contextlib
-
+    collecting the compiled args (walking the graph), the lookup
+    (``compiled.lookup``)."""
     import compiled_autograd as ca
     from compiled_autograd.compiled import api as compiled
     from compiled_autograd.autograd import engine
-    from compiled_autograd.compiled import forward_key
     options = ca.compiled_backward(backend="python")
     with options:
         make_loss().backward()      # fills the cache
     times = []
-    with contextlib.nullcontext() if kept else forward_key.walking():
-        for _ in range(reps):
-            loss = make_loss()
-            start = time.perf_counter()
-            roots = engine.make_root_grads([loss], None, False)
-            compiled.lookup(roots, None, True, options)
-            times.append(time.perf_counter() - start)
-            # The roots hold the graph: free it here, not in the next timed hit.
-            del roots, loss
+    for _ in range(reps):
+        loss = make_loss()
+        start = time.perf_counter()
+        roots = engine.make_root_grads([loss], None, False)
+        compiled.lookup(roots, None, True, options)
+        times.append(time.perf_counter() - start)
+        # The roots hold the graph: free it here, not in the next timed hit.
+        del roots, loss
     assert ca.compiled_autograd_stats()["cache_hits"] >= reps
     return statistics.median(times)
-
-
-def _forward_times(make_loss, reps):
-    """Median forward time keeping the cache key (compiled autograd in use: every
-    prim's node adds its part, compiled/forward_key.py) and without (as before
-    compiled autograd's first use), alternating."""
-    from compiled_autograd.autograd import dispatch
-    from compiled_autograd.compiled import forward_key
-    kept = dispatch.node_made
-    times = {True: [], False: []}
-    for i in range(2 * reps):
-        on = i % 2 == 0
-        dispatch.node_made = kept if on else None
-        start = time.perf_counter()
-        loss = make_loss()
-        times[on].append(time.perf_counter() - start)
-        forward_key.end()                       # (no backward here)
-        del loss
-    dispatch.node_made = kept
-    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def main():
@@ -364,17 +335,12 @@ def main():
                         else f"{'-':>14}{'-':>10}")
             print(f"{case:<12}{cells}{ratio:>14.2f}{vs_torch}")
         print(f"{'case':<12}{'capture+codegen':>18}{'first backward':>16}"
-              f"{'cache hit alone':>17}{'hit/eager':>11}{'hit, walked':>13}{'hit/eager':>11}"
-              f"{'forward':>11}{'no key':>10}{'ratio':>7}")
+              f"{'cache hit alone':>17}{'hit/eager':>11}")
         for case, row in res.items():
             print(f"{case:<12}{_fmt(row['capture+codegen']):>18}"
                   f"{_fmt(row['first (capture+codegen+run)']):>16}"
                   f"{_fmt(row['cache hit alone']):>17}"
-                  f"{row['cache hit alone'] / row['eager']:>11.3f}"
-                  f"{_fmt(row['hit, walked']):>13}"
-                  f"{row['hit, walked'] / row['eager']:>11.3f}"
-                  f"{_fmt(row['forward']):>11}{_fmt(row['forward, no key']):>10}"
-                  f"{row['forward'] / row['forward, no key']:>7.2f}")
+                  f"{row['cache hit alone'] / row['eager']:>11.3f}")
     print("\nGEMM floor: the C backward's BLAS calls alone (same library, symbols, threads),"
           " measured in turns with the \"c\" backward (3 rounds; c/floor: the median ratio)")
     print(f"{'threads':<9}{'case':<13}{'calls':>6}{'floor':>11}{'graph:c':>11}{'c/floor':>9}"

@@ -4,8 +4,7 @@ inside ``compiled_backward``, and the medians of its parts, each timed in place
 over the same backwards:
 
 - root: the root gradient (``engine.make_root_grads``);
-- key: the compiled args, from the forward's segment (``forward_key.take``) or
-  walking the graph;
+- key: the compiled args, walking the graph (``api._prepare``);
 - lookup: the rest of ``compiled.lookup`` (the cache's dict and size checks);
 - saved: the saved values' arrays read and the values released, one pass
   (``SavedVariable.arrays``; the boxed list owns the arrays from then on);
@@ -36,7 +35,7 @@ def breakdown(case, reps):
     import compiled_autograd as ca
     from compiled_autograd.autograd import engine
     from compiled_autograd.autograd.node import SavedVariable
-    from compiled_autograd.compiled import api, cache, forward_key
+    from compiled_autograd.compiled import api, cache
     from compiled_autograd.compiled.api import backward_on
     make_loss, params = backward._ca_setup(case)
     ca.reset_compiled_autograd()
@@ -62,8 +61,7 @@ def breakdown(case, reps):
         restore.append((owner, name, staticmethod(real) if static else real))
 
     timed(engine, "make_root_grads", "root")
-    timed(forward_key, "take", "key")
-    timed(api, "_prepare", "key (walked)")
+    timed(api, "_prepare", "key")
     timed(api, "lookup", "lookup+key")
     timed(SavedVariable, "arrays", "saved", static=True)
     (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
@@ -76,10 +74,9 @@ def breakdown(case, reps):
         for owner, name, real in reversed(restore):
             setattr(owner, name, real)
     med = {k: statistics.median(v) for k, v in parts.items()}
-    key = med.get("key", 0.0) + med.get("key (walked)", 0.0)
+    key = med["key"]
     row = dict(whole=whole, root=med["root"], key=key,
-               lookup=med["lookup+key"] - key, saved=med.get("saved", 0.0),
-               call=med["call"], taken=len(parts.get("key (walked)", ())) == 0)
+               lookup=med["lookup+key"] - key, saved=med.get("saved", 0.0), call=med["call"])
     return row
 
 
@@ -97,8 +94,7 @@ def main():
         row["C function"] = function
         row["call"] -= function
         row["rest"] = row["whole"] - sum(row[c] for c in cols[1:-1])
-        print(f"{case:<11}" + "".join(f"{row[c] * 1e6:>10.1f}us" for c in cols)
-              + ("" if row["taken"] else "  (walked)"))
+        print(f"{case:<11}" + "".join(f"{row[c] * 1e6:>10.1f}us" for c in cols))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Compiled autograd's fixed costs, for the bundled transformer: the capture (collect
 compiled args, trace, passes, compile with the "eager" interpreter backend) and a
-cache hit (collect compiled args, look the key up) after a fresh forward, with the
-key the forward kept (compiled/forward_key.py) and walking the graph for it, each as
-a fraction of the eager backward; then capture time against depth (1 to 64 layers),
+cache hit (walk the graph for the compiled args, look the key up) after a fresh
+forward, each as a fraction of the eager backward; then capture time against depth (1 to 64 layers),
 which must grow linearly. Medians; one run.
 
     python benchmarks/tracer.py [--reps N]
@@ -10,13 +9,11 @@ which must grow linearly. Medians; one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 
 import compiled_autograd as ca
 from compiled_autograd.compiled import api as compiled
-from compiled_autograd.compiled import forward_key
 from compiled_autograd.ir import passes
 from compiled_autograd.compiled import tracer
 from compiled_autograd.examples import build
@@ -56,15 +53,14 @@ def capture(loss):
     return traced.graph
 
 
-def hit_time(make_loss, options, reps, kept=True):
+def hit_time(make_loss, options, reps):
     """Median cache hit after a fresh forward (untimed) of ``make_loss``."""
     times = []
     for _ in range(reps):
         loss = make_loss()
-        with contextlib.nullcontext() if kept else forward_key.walking():
-            start = time.perf_counter()
-            collect_and_lookup(loss, options)
-            times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        collect_and_lookup(loss, options)
+        times.append(time.perf_counter() - start)
         del loss
     return statistics.median(times)
 
@@ -98,7 +94,6 @@ def main():
     t_capture = median_time(lambda: capture(loss), args.reps)
     options = warm(loss)
     t_hit = hit_time(ex.loss, options, args.reps)
-    t_hit_walked = hit_time(ex.loss, options, args.reps, kept=False)
     print(f"transformer {ex.sizes}")
     print(f"graph: {nodes} nodes; median of {args.reps}")
     print(f"{'':<30} {'time':>10} {'/ eager backward':>17}")
@@ -106,8 +101,6 @@ def main():
     print(f"{'capture (trace+passes+compile)':<30} {t_capture * 1e3:>8.2f}ms "
           f"{t_capture / t_eager:>17.3f}")
     print(f"{'cache hit (collect+lookup)':<30} {t_hit * 1e3:>8.2f}ms {t_hit / t_eager:>17.3f}")
-    print(f"{'  the same, walking the graph':<30} {t_hit_walked * 1e3:>8.2f}ms "
-          f"{t_hit_walked / t_eager:>17.3f}")
     print()
     print("capture time against depth (d_model 32, 2 heads, seq 16, batch 2)")
     print(f"{'layers':>6} {'nodes':>7} {'capture':>10} {'per layer':>10} {'cache hit':>10}")

@@ -26,7 +26,12 @@ CATEGORIES = ("parameter", "activation", "saved", "recomputed", "reloaded", "gra
               "temporary")
 
 _trackers: list["MemoryTracker"] = []
-_state = threading.local()
+class _State(threading.local):
+    stack = None        # (class defaults: getattr of an unset thread-local
+    source = None       # attribute costs an AttributeError raised and caught)
+
+
+_state = _State()
 _default_category = lambda: "temporary"  # noqa: E731  (replaced by the front end)
 
 

@@ -198,7 +198,7 @@ def _boxed(loss):
     options = ca.compiled_backward(backend="c")
     roots = engine.make_root_grads([loss], None, False)
     task, collected, entry = compiled.lookup(roots, None, True, options)
-    inputs = [g for _, g in roots] + collected.inputs + list(entry.constants)
+    inputs = [g for _, g in roots] + collected.runtime_inputs(False) + list(entry.constants)
     return entry.fn, [inputs, collected.sizes, collected.scalars, collected.hooks,
                       collected.packed_data]
 

@@ -147,6 +147,7 @@ def test_cache_hit_collection_equals_the_recording_one(case):
     assert recorded.freeze() == fast.freeze()
     assert recorded.sizes == fast.sizes and recorded.scalars == fast.scalars
     assert [id(v) for v in recorded.inputs] == [id(v) for v in fast.inputs]
+    assert [id(v) for v in recorded.plain] == [id(v) for v in fast.plain]
     assert recorded.hooks == fast.hooks and recorded.packed_data == fast.packed_data
     assert recorded.saved == fast.saved and recorded.release_nodes == fast.release_nodes
     assert not fast.slot and not fast.size_pos and recorded.slot and recorded.size_pos

@@ -11,55 +11,80 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiled_autograd.autograd import grad_mode, saved_hooks
+from compiled_autograd.autograd import node as _node
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.autograd.hooks import move_retain_grad
-from compiled_autograd.autograd.node import CopySlices, SavedVariable, gradient_edge, node_class
-from compiled_autograd.autograd.tensor_base import TensorBase
+from compiled_autograd.autograd.node import (NODE_CLASSES, CopySlices, SavedVariable,
+                                             grad_accumulator, gradient_edge, node_class)
+from compiled_autograd.autograd.tensor_base import TensorBase, VersionCounter
+from runtime import forward as _c_forward
+from runtime import memory as _rt_memory
+from runtime import prims as _prims
 from runtime.prims import run_kernel
 
 
 _OUT = object()  # stands for a saved output until the result Tensor exists
 
 
-def _save(spec_item, args, needs):
-    if isinstance(spec_item, tuple):
+def _save(spec_item, args, edges):
+    if spec_item.__class__ is tuple:
         item, cond = spec_item
-        if not needs[cond]:
+        if edges[cond][0] is None:
             return None
         spec_item = item
+    if spec_item.__class__ is int:
+        value = args[spec_item]
+        return SavedVariable(value, False) if isinstance(value, TensorBase) else value
     if spec_item == "out":
         return _OUT
-    if spec_item == "tail":
-        return tuple(SavedVariable(a, False) if isinstance(a, TensorBase) else a
-                     for a in args[1:])
-    value = args[spec_item]
-    return SavedVariable(value, is_output=False) if isinstance(value, TensorBase) else value
+    # "tail"
+    return tuple(SavedVariable(a, False) if isinstance(a, TensorBase) else a
+                 for a in args[1:])
 
 
 def _make_node(prim, args, params, edges, out_meta):
     """The prim's backward node; its inputs are saved now (before any in-place
     write, so that an operand aliasing the target fails the version check)."""
-    cls = node_class(prim)
-    needs = tuple(fn is not None for fn, _ in edges)
-    shapes = tuple(a.shape if isinstance(a, TensorBase) else None for a in args)
-    dtypes = tuple(a.dtype if isinstance(a, TensorBase) else None for a in args)
-    node = cls(edges, (out_meta,), (), params, shapes, dtypes)
-    node.saved = tuple(_save(s, args, needs) for s in prim.save)
+    cls = NODE_CLASSES.get(prim.name) or node_class(prim)
+    shapes, dtypes = [], []
+    for a in args:
+        if isinstance(a, TensorBase):
+            data = a._data
+            shapes.append(data.shape)
+            dtypes.append(data.dtype)
+        else:
+            shapes.append(None)
+            dtypes.append(None)
+    node = cls(edges, (out_meta,), (), params, tuple(shapes), tuple(dtypes))
+    node.saved = tuple([_save(s, args, edges) for s in prim.save])
     return node
+
+
+def _saves_output(prim) -> bool:
+    """Whether ``prim``'s save spec holds "out" (the result, saved once it exists)."""
+    saves = _SAVES_OUTPUT.get(prim)
+    if saves is None:
+        saves = _SAVES_OUTPUT[prim] = any(
+            (s[0] if s.__class__ is tuple else s) == "out" for s in prim.save)
+    return saves
+
+
+_SAVES_OUTPUT: dict = {}
 
 
 def _save_output(node, result):
     """Replace the pending saved output by ``result`` (whose grad_fn is node)."""
-    if any(s is _OUT for s in node.saved):
-        name = type(node).__name__
-        node.saved = tuple(SavedVariable(result, is_output=True, grad_fn_name=name)
-                           if s is _OUT else s for s in node.saved)
+    name = type(node).__name__
+    node.saved = tuple(SavedVariable(result, is_output=True, grad_fn_name=name)
+                       if s is _OUT else s for s in node.saved)
 
 
 def _attach(node, result):
     result._grad_fn = node
     result._output_nr = 0
-    _save_output(node, result)
+    if _saves_output(node.prim):
+        _save_output(node, result)
 
 
 def _wants_grad(prim, args, out_dtype):
@@ -74,13 +99,6 @@ def _wants_grad(prim, args, out_dtype):
 # call's arguments, ``interceptor.observe(result, args)``. Every interceptor with a
 # ``before_write(tensor)`` is told of an in-place write before it happens.
 _interceptors: list = []
-
-
-# Told of each prim's backward node once it is whole (its saved values, its output
-# saved), and of each custom Function's (``Function.apply``), on the thread that made
-# it: ``node_made(node)``. Compiled autograd sets it to keep its cache key up to date
-# during the forward (compiled/forward_key.py).
-node_made = None
 
 
 def push_interceptor(fn) -> None:
@@ -110,7 +128,82 @@ def make_view(data, source):
 
 def apply_prim(prim, args, params, make):
     """Run ``prim`` on Tensor (or scalar) arguments; record history if needed.
-    ``make`` is Tensor._make (Tensor's ``__prim_call__`` passes it)."""
+    ``make`` is Tensor._make (Tensor's ``__prim_call__`` passes it). In C
+    (runtime/forward.c) where it is built; ``apply_prim_reference`` otherwise,
+    and for every case the C hands back."""
+    fast = _fast[0]
+    if fast is None:
+        return apply_prim_reference(prim, args, params, make)
+    return fast(prim, args, params)
+
+
+def apply_prim_reference(prim, args, params, make):
+    """``apply_prim`` in Python: the reference the C path is tested against. The common
+    case -- no interceptor, a result that is not a view -- runs in one pass over
+    the arguments: their arrays, then their edges, which say whether a node is due."""
+    if _interceptors or prim.view:
+        return _apply_prim_general(prim, args, params, make)
+    out = run_kernel(prim, [a._data if isinstance(a, TensorBase) else a for a in args], params)
+    if type(out) is not np.ndarray:
+        out = np.asarray(out)
+    if not out.flags.c_contiguous:
+        out = np.ascontiguousarray(out)   # (bases are kept C-contiguous: see below)
+    result = make(out)
+    if not prim.differentiable or out.dtype.kind not in "fc" or not is_grad_enabled():
+        return result
+    edges = []
+    wants = False
+    for a in args:
+        if isinstance(a, TensorBase):
+            # (gradient_edge, inlined: a tensor's grad_fn is its own unless it is a view)
+            fn = a._grad_fn if a._base is None else a.grad_fn
+            if fn is not None:
+                edges.append((fn, a._output_nr))
+                wants = True
+                continue
+            if a._requires_grad:
+                edges.append((grad_accumulator(a), 0))
+                wants = True
+                continue
+        edges.append(_NO_EDGE)
+    if wants:
+        node = _make_node(prim, args, params, edges, (out.shape, out.dtype))
+        _attach(node, result)
+    return result
+
+
+_NO_EDGE = (None, 0)
+
+# [the C path (runtime/forward.c's Forward), or None]: made by set_tensor_type.
+_fast: list = [None]
+
+
+def set_tensor_type(tensor_type) -> None:
+    """Tensor (tensor.py) hands its class over: the C path makes results of it."""
+    _fast[0] = _c_forward.forward(*forward_config(tensor_type))
+
+
+def forward_config(tensor_type):
+    """What runtime/forward.c's Forward is made of: the classes and slot
+    descriptors it writes, one plan per prim, and the state it consults."""
+    plans = {p: (NODE_CLASSES.get(p.name), p.view, p.differentiable,
+                 _c_forward.save_items(p.save)) for p in _prims.PRIMS.values()}
+    make = tensor_type._make
+    return (tensor_type,
+            _c_forward.descriptors(tensor_type.__mro__, _c_forward.TENSOR_SLOTS),
+            _c_forward.descriptors(_node.PrimBackward.__mro__, _c_forward.NODE_SLOTS),
+            _c_forward.descriptors((SavedVariable,), _c_forward.SAVED_SLOTS),
+            _c_forward.descriptors((VersionCounter,), ("value",)),
+            _c_forward.descriptors((_prims.Prim,), ("kernel",)),
+            plans,
+            lambda prim, args, params: apply_prim_reference(prim, args, params, make),
+            grad_accumulator, _node._sequence, _interceptors, _rt_memory._trackers,
+            vars(_prims), grad_mode._state, saved_hooks._state)
+
+
+def _apply_prim_general(prim, args, params, make):
+    """``apply_prim`` with interceptors (selective checkpointing, checkpoint
+    debugging, memory plans) or for a view prim."""
     arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
     if _interceptors:
         out = _interceptors[-1](prim, arrays, params)
@@ -133,8 +226,6 @@ def apply_prim(prim, args, params, make):
         edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
         node = _make_node(prim, args, params, edges, (result.shape, result.dtype))
         _attach(node, result)
-        if node_made is not None:
-            node_made(node)
     return result
 
 
@@ -272,8 +363,6 @@ def _rebase_history(node, target):
     base = target._base
     if base is None:
         _attach(node, target)
-        if node_made is not None:
-            node_made(node)
     else:
         # In-place on a view: base's new history is CopySlices(node); the view's
         # is a view (as_strided) of that.

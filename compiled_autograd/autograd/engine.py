@@ -88,7 +88,11 @@ def make_root_grads(tensors, grad_tensors, create_graph):
 
 
 _task_ids = itertools.count()
-_running = threading.local()
+class _Running(threading.local):
+    stack = None        # (a class default: no AttributeError caught per lookup)
+
+
+_running = _Running()
 
 
 class running:
@@ -130,7 +134,7 @@ def current_graph_task_id() -> int:
 class GraphTask:
     """One backward run: dependencies, exec_info, captures, buffers."""
 
-    def __init__(self, roots, keep_graph, create_graph, make=None, lazy=False):
+    def __init__(self, roots, keep_graph, create_graph, make=None):
         self.id = next(_task_ids)
         self.keep_graph = keep_graph
         self.create_graph = create_graph
@@ -142,17 +146,8 @@ class GraphTask:
         self._root_fns = [fn for (fn, _), _ in roots]
         # nodes: every reachable node, discovery order; index: node -> its rank in
         # discovery (first sight) order; edges: per node, (rank, input_nr) or None
-        # per next function; _ranked: the nodes in rank order. ``lazy``: found on
-        # first use (a compiled backward whose key the forward kept may never ask).
-        if not lazy:
-            self._discover()
-
-    def __getattr__(self, name):
-        """(Only for attributes not set yet: a lazy task's walk.)"""
-        if name in ("nodes", "index", "edges", "_ranked"):
-            self._discover()
-            return getattr(self, name)
-        raise AttributeError(f"'GraphTask' object has no attribute '{name}'")
+        # per next function; _ranked: the nodes in rank order.
+        self._discover()
 
     def _discover(self):
         """Every node reachable from the roots (depth first), each node's rank (the
@@ -295,10 +290,9 @@ def _call_function(task, fn, grads):
 
 
 def make_task(roots, keep_graph, create_graph, input_edges=None, accumulate=True,
-              make=None, lazy=False):
-    """The GraphTask of a backward from ``roots``, restricted to ``input_edges``;
-    ``lazy``: its nodes are found on first use."""
-    task = GraphTask(roots, keep_graph, create_graph, make, lazy and input_edges is None)
+              make=None):
+    """The GraphTask of a backward from ``roots``, restricted to ``input_edges``."""
+    task = GraphTask(roots, keep_graph, create_graph, make)
     if input_edges is not None:
         task.restrict_to(input_edges, execute_inputs=accumulate)
     return task

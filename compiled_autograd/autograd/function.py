@@ -326,10 +326,6 @@ class Function(metaclass=_FunctionMeta):
         # output -> ctx, a cycle only gc.collect() frees (torch clears to_save).
         to_save, ctx._to_save = ctx._to_save, ()
         ctx._saved = tuple(_save(t, produced, ctx) for t in to_save)
-        if dispatch.node_made is not None and any(differentiable):
-            # (whole: its edges and saved values are set; a ctx no output has as
-            # its grad_fn is in no graph)
-            dispatch.node_made(ctx)
         return wrapped[0] if single else tuple(wrapped)
 
 

@@ -5,7 +5,13 @@ import functools
 import inspect
 import threading
 
-_state = threading.local()
+class _State(threading.local):
+    # (A class default: reading a thread's unset attribute raises and catches
+    # an AttributeError inside getattr, 0.4 us on every op's grad-mode check.)
+    enabled = True
+
+
+_state = _State()
 
 
 def is_grad_enabled() -> bool:

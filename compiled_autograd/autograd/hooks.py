@@ -43,17 +43,7 @@ class HookDict(dict):
     """An ordered id -> hook mapping that a weakref can point to."""
 
 
-# Move on every hook registered: on a node (tensor hooks of non-leaves,
-# retain_grad, node pre- and post-hooks), and on a leaf tensor (its tensor hooks
-# and post-accumulate-grad hooks). A reader that finds them where they were knows
-# that nothing it saw gained a hook since (compiled autograd's forward-built key).
-node_hook_clock = 0
-leaf_hook_clock = 0
-
-
 def _add(owner, attr, hook):
-    global leaf_hook_clock
-    leaf_hook_clock += 1
     hooks = getattr(owner, attr)
     if hooks is None:
         hooks = HookDict()
@@ -64,8 +54,6 @@ def _add(owner, attr, hook):
 
 
 def _node_hook_dict(node, attr, key=None):
-    global node_hook_clock
-    node_hook_clock += 1
     d = node.__dict__.get(attr)
     if d is None:
         d = {} if key is not None else HookDict()

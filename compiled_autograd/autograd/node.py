@@ -555,11 +555,9 @@ class SavedVariable:
         return self._tensor
 
     def release(self) -> None:
-        global release_clock
         self._tensor = self._data = self._tensor_ref = None
         self.packed = self.unpack_hook = self._grad_fn = self._leaf = None
         self.released = True
-        release_clock += 1
 
     @staticmethod
     def arrays(saved, release: bool) -> list:
@@ -567,24 +565,19 @@ class SavedVariable:
         and, with ``release``, ``release`` of each (their other fields are None
         already): a compiled backward's hand-over of its saved values. One C pass
         where it is built (runtime/slots.c); this loop is the reference."""
-        global release_clock
         if not _reader:     # (made at the first call: it may build the extension)
             _reader.append(slots.reader(SavedVariable._tensor, SavedVariable._data,
                                         SavedVariable.released, TensorBase._data))
         read = _reader[0]
-        try:
-            if read is not None:
-                return read(saved, release)
-            arrays = []
-            for sv in saved:        # (each read, then released, in turn)
-                arrays.append(plain_array(sv))
-                if release:
-                    sv._tensor = sv._data = None
-                    sv.released = True
-            return arrays
-        finally:
-            if release:         # (on an error too: some may be released)
-                release_clock += len(saved)
+        if read is not None:
+            return read(saved, release)
+        arrays = []
+        for sv in saved:        # (each read, then released, in turn)
+            arrays.append(plain_array(sv))
+            if release:
+                sv._tensor = sv._data = None
+                sv.released = True
+        return arrays
 
 
 def plain_array(sv):
@@ -594,7 +587,3 @@ def plain_array(sv):
 
 
 _reader: list = []     # [runtime.slots' Reader, or None]: made once (CA_C_SLOTS read then)
-
-# Moves on every release of a saved value anywhere (``SavedVariable.release``): a
-# reader that finds it where it was knows that none was released since.
-release_clock = 0

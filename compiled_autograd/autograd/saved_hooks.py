@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import threading
 
-_state = threading.local()
+class _State(threading.local):
+    # (Class defaults: current_hooks runs for every saved value, and getattr of an
+    # unset thread-local attribute costs an AttributeError raised and caught.)
+    stack = None
+    disabled = None
+
+
+_state = _State()
 
 
 def _stack():

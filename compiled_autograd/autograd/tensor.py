@@ -162,3 +162,6 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
 
 
 __all__ = ["Tensor"]
+
+
+dispatch.set_tensor_type(Tensor)

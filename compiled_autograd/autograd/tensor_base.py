@@ -17,12 +17,6 @@ import numpy as np
 DEFAULT_FLOAT = np.dtype(np.float32)
 
 
-# Moves on every in-place write anywhere (``VersionCounter.bump``): a reader that
-# finds it where it was knows that no version changed since (compiled autograd's
-# forward-built key then skips checking its saved values one by one).
-write_clock = 0
-
-
 class VersionCounter:
     __slots__ = ("value",)
 
@@ -31,9 +25,7 @@ class VersionCounter:
 
     def bump(self) -> None:
         """An in-place write to the storage this counts."""
-        global write_clock
         self.value += 1
-        write_clock += 1
 
 
 def type_name(dtype) -> str:

@@ -92,9 +92,11 @@ def _broadcast_error(a, b):
     return None
 
 
-def _call_binary(p, a, b):
+def _call_binary(p, a, b, handler=None):
+    """``p(a, b)`` (or ``handler(p, (a, b), {})``, the prim's dispatch already
+    decided) with torch's message for shapes that do not broadcast."""
     try:
-        return p(a, b)
+        return p(a, b) if handler is None else handler(p, (a, b), {})
     except ValueError:
         err = _broadcast_error(a, b)
         if err is None:
@@ -106,11 +108,28 @@ def _binary(name):
     p = PRIMS[name]
 
     def op(self, other):
+        if _unchanged(self, other):
+            # (what _promote and the prim's dispatch would do, without their calls)
+            return _call_binary(p, self, other, type(self).__prim_call__)
         return _call_binary(p, *_promote(self, other))
 
     def rop(self, other):
+        if _unchanged(self, other):
+            return _call_binary(p, other, self, type(self).__prim_call__)
         return _call_binary(p, *_promote(other, self))
     return op, rop
+
+
+def _unchanged(tensor, other) -> bool:
+    """Whether ``_promote`` leaves ``(tensor, other)`` as they are and ``tensor``'s
+    type handles the prim call: ``other`` a Python int, a Python float beside a
+    floating tensor, or a tensor of the same type and dtype."""
+    cls = other.__class__
+    if cls is int:
+        return True
+    if cls is float:
+        return tensor.dtype.kind in _FLOAT_KINDS
+    return cls is tensor.__class__ and other.dtype == tensor.dtype
 
 
 
@@ -472,10 +491,12 @@ def _prim_method(p):
     "float" promotes integer inputs to the default float first (as torch's exp)."""
     if p.method == "float":
         def op(self):
-            return p(_float(self))
+            if self.dtype.kind not in _FLOAT_KINDS:
+                self = _to(self, DEFAULT_FLOAT)
+            return type(self).__prim_call__(p, (self,), {})
     else:
         def op(self):
-            return p(self)
+            return type(self).__prim_call__(p, (self,), {})
     op.__name__ = op.__qualname__ = p.name
     op.__doc__ = p.doc
     return op

@@ -18,9 +18,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
-from compiled_autograd.autograd.node import SavedVariable
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import compiled_args, forward_key, hook_calls, tracer
+from compiled_autograd.compiled import compiled_args, hook_calls, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
@@ -106,7 +105,6 @@ class compiled_backward:
         self.backend, self.dynamic, self.unpack = backend, dynamic, unpack
         self.compiler = resolve_backend(backend)
         self.takes_module = callable(backend)    # a user's compiler_fn(gm)
-        forward_key.enable()    # from now on forwards keep their key up to date
 
     def __enter__(self):
         engine.push_compiler(self)    # this thread's engine runs backwards through run
@@ -188,12 +186,11 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     # The boxed list becomes the only owner of the saved values: release them
     # (a prim node holds nothing else), and whatever other nodes hold.
     release = not retain_graph
-    values = collected.inputs
-    if collected.unread_saved:
-        values = SavedVariable.arrays(collected.saved, release) + values
-    elif release:
-        for sv in collected.saved:
-            sv.release()
+    values = collected.runtime_inputs(release)
+    if release:
+        for sv in collected.saved:      # (the plain ones are released already)
+            if not sv.released:
+                sv.release()
     if release:
         collected.recipe_objects.clear()  # (their kept arrays now live in the inputs only)
         for fn in collected.release_nodes:
@@ -252,15 +249,9 @@ def _relearn(cache_key, task, returned_nones):
 
 def lookup(roots, input_edges, accumulate, context):
     """(task, collected args, CompiledBackward): collect the key and the runtime
-    values -- kept by the forward (forward_key), else by walking the graph -- look
-    the key up, and on a miss trace and compile. This is all a cache hit costs
-    before the compiled function runs."""
-    taken = forward_key.take(roots, input_edges, accumulate)
-    if taken is not None:
-        collected, key = taken
-        task = engine.make_task(roots, keep_graph=True, create_graph=False, lazy=True)
-    else:
-        task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
+    values by walking the graph, look the key up, and on a miss trace and compile.
+    This is all a cache hit costs before the compiled function runs."""
+    task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
     # The compiler's id is part of the key; its family holds the compiler itself,
     # so that id is never handed on to another callable while the entry exists.
     cache_key = (id(context.compiler), context.unpack, key)
@@ -337,7 +328,8 @@ def trace_with_values(loss, inputs=None, grad_outputs=None, unpack="progressive"
     traced.release()
     return (CompiledBackward(traced.graph, None, traced.constants, key, unpack,
                              packed_kinds(collected)),
-            [g for _, g in roots] + list(collected.inputs) + list(traced.constants), collected)
+            [g for _, g in roots] + collected.runtime_inputs(False) + list(traced.constants),
+            collected)
 
 
 def packed_kinds(collected):

@@ -3,9 +3,8 @@
 ``collect`` walks the autograd graph and lets every node, in the key's canonical
 order (``canonical_order``: the nodes in the order they were made, then the leaves,
 then the roots), write its ``compiled_args``, its hooks and its edges into a
-``CompiledNodeArgs`` (``collect_node``). The forward can do the same node by node
-as it makes them (forward_key.py). Below: the two objects of the compiled-autograd
-Node contract (PyTorch's names).
+``CompiledNodeArgs`` (``collect_node``). Below: the two objects of the
+compiled-autograd Node contract (PyTorch's names).
 
 ``CompiledNodeArgs`` is what ``Node.compiled_args(args)`` writes into. It collects,
 node by node in that order, (1) the *key* of the backward -- node types, non-tensor
@@ -40,7 +39,11 @@ class CompiledNodeArgs:
     def __init__(self, record: bool = True):
         self.key: list = []
         self.saved: list = []            # SavedVariables, in collection order
-        self.inputs: list = []           # runtime values taken by getitem(inputs, i)
+        # The values saved without hooks: their arrays come first in the boxed
+        # ``inputs``, read (and released) at the hand-over in one pass
+        # (``runtime_inputs``); slot ("saved", i).
+        self.plain: list = []
+        self.inputs: list = []           # the other runtime values; slot ("inputs", j)
         self.hooks: list = []            # hook callables
         self.packed_data: list = []      # packed objects of saved-tensor hooks
         self.sizes: list = []            # every collected size, flat
@@ -59,10 +62,6 @@ class CompiledNodeArgs:
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
         self.node = None                 # the node being collected (for error messages)
-        # The saved values' arrays are not in ``inputs`` yet: they go first, read
-        # at the hand-over with their release (``SavedVariable.arrays``); every
-        # saved value is saved without hooks (the forward's key, forward_key.py).
-        self.unread_saved = False
         self.uncacheable_reason = None   # set when the trace must not be reused
 
     # ---------------------------------------------------------- key only
@@ -152,14 +151,14 @@ class CompiledNodeArgs:
         if self.record:
             self.size_pos[id(sv)] = len(self.sizes)
             self.slot[id(sv)] = (("hooked", len(self.hooks), len(self.packed_data)) if hooked
-                                 else ("inputs", len(self.inputs)))
+                                 else ("saved", len(self.plain)))
         self.sizes.extend(shape)
         self.saved.append(sv)
         if hooked:
             self.hooks.append(sv.unpack_hook)
             self.packed_data.append(sv.packed)
         else:
-            self.inputs.append(plain_array(sv))
+            self.plain.append(sv)
         return (sv.dtype, hooked, len(shape))
 
     def _recipe(self, recipe) -> tuple:
@@ -222,9 +221,16 @@ class CompiledNodeArgs:
         """This backward depends on something that cannot be keyed: trace it anew."""
         self.uncacheable_reason = self.uncacheable_reason or reason
 
+    def runtime_inputs(self, release: bool) -> list:
+        """The boxed ``inputs`` after the roots' gradients: the arrays of the values
+        saved without hooks, then the other runtime values; with ``release``, each
+        of those saved values is released as its array is read (one C pass,
+        ``SavedVariable.arrays``), so that the boxed list becomes their owner."""
+        return SavedVariable.arrays(self.plain, release) + self.inputs
+
     def clear(self) -> None:
         """Let go of the runtime values (a backward that will not use them)."""
-        for values in (self.saved, self.inputs, self.hooks, self.packed_data,
+        for values in (self.saved, self.plain, self.inputs, self.hooks, self.packed_data,
                        self.release_nodes, self.recipe_objects, self.recipes, self.kept):
             values.clear()
 
@@ -235,15 +241,13 @@ class CompiledNodeArgs:
 class Key(tuple):
     """A cache key: the tuple of key items, equal to that plain tuple. Its items
     are interned (one object per distinct item, so that comparing two equal keys
-    compares pointers) and its hash is ``fold_hash`` of the items, given when the
-    forward-built key already folded them (forward_key.py). Like any dict key, it
-    assumes its items' hashes never change (types, dtypes, numbers, strings and
-    tuples of them)."""
+    compares pointers) and its hash is folded over the items' (``intern_fold``).
+    Like any dict key, it assumes its items' hashes never change (types, dtypes,
+    numbers, strings and tuples of them)."""
 
-    def __new__(cls, items, folded=None):
-        if folded is None:
-            items = list(items)
-            folded = intern_fold(items, 0, KEY_SEED)
+    def __new__(cls, items):
+        items = list(items)
+        folded = intern_fold(items, 0, KEY_SEED)
         key = tuple.__new__(cls, items)
         key._hash = folded
         return key
@@ -260,8 +264,8 @@ _INTERNED: dict = {}      # key item -> (the one such item, its hash)
 def intern_fold(items, start, h):
     """Intern ``items[start:]`` in place (one object per distinct item, so that
     equal keys compare by identity) and return ``h`` folded over them
-    (``fold_hash``): the walk's key and the forward's, node by node, alike. The
-    table is emptied when it has grown past a bound (only identity is lost)."""
+    (a polynomial in the items' hashes). The table is emptied when it has grown
+    past a bound (only identity is lost)."""
     if len(_INTERNED) > 200_000:
         _INTERNED.clear()
     get = _INTERNED.get
@@ -273,19 +277,6 @@ def intern_fold(items, start, h):
         items[k] = entry[0]
         h = (h * _P + entry[1]) % _M      # (its hash kept: a nested tuple's is not)
     return h
-
-
-def fold_hash(h, items):
-    """The key's hash, item by item: a polynomial, so that a run of items folds
-    into two numbers (``hash_part``; the forward folds its part node by node)."""
-    for item in items:
-        h = (h * _P + hash(item)) % _M
-    return h
-
-
-def hash_part(items):
-    """(multiplier, addend): ``fold_hash(h, items) == (h * multiplier + addend) % M``."""
-    return pow(_P, len(items), _M), fold_hash(0, items)
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
@@ -416,9 +407,8 @@ def _retainer(ref):
 
 # -------------------------------------------------------------- the collection walk
 #
-# The key lists nodes in one canonical order, which the forward can keep up to date
-# as it makes them (forward_key.py): the nodes that are not AccumulateGrad in the
-# order they were made (sequence number), then the leaves' AccumulateGrad nodes in
+# The key lists nodes in one canonical order: the nodes that are not AccumulateGrad
+# in the order they were made (sequence number), then the leaves' AccumulateGrad nodes in
 # the order the nodes before them first point to them, then the roots. An edge
 # names its target by distance in that order, (made k nodes earlier, input_nr),
 # or as ("leaf", j, input_nr).

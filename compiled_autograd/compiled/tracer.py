@@ -169,14 +169,16 @@ class Tracer:
                                                     else "getitem"), meta=meta)
 
     def input_index(self, slot_index):
-        return self.n_roots + slot_index
+        """Where ``inputs[slot_index]`` of the collected args sits in the boxed
+        list: after the roots' gradients and the plain saved values' arrays."""
+        return self.n_roots + len(self.collected.plain) + slot_index
 
     def call_hook(self, kind, args, shape=None, dtype=None, name=None):
         return self.graph.create_node("call_hook", kind, args, name=name or kind,
                                       meta=self._meta(shape, dtype))
 
     def lift_constant(self, array):
-        index = self.n_roots + len(self.collected.inputs) + len(self.constants)
+        index = self.input_index(len(self.collected.inputs)) + len(self.constants)
         self.constants.append(array)
         return self.getitem("inputs", index, array.shape, array.dtype, name="constant")
 
@@ -215,8 +217,8 @@ class Tracer:
         elif p is None:
             where = self.collected.slot[id(sv)]
             (shape,) = self.sizes(sv, (sv.shape,))
-            if where[0] == "inputs":
-                node = self.getitem("inputs", self.input_index(where[1]), shape, sv.dtype,
+            if where[0] == "saved":
+                node = self.getitem("inputs", self.n_roots + where[1], shape, sv.dtype,
                                     name="saved")
             else:
                 _, hook_i, packed_i = where

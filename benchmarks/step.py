@@ -1,0 +1,345 @@
+"""The training step, forward plus backward, side by side: ca's eager engine, compiled
+autograd on "python" and "c", and torch's eager autograd, interleaved in one process
+(each step of a round runs every mode once, so all see the same machine), at 1
+thread and at the default thread count (each in a fresh process: BLAS threads are
+fixed at start-up).
+
+Each model is written once for both libraries (``lib`` is ``compiled_autograd`` or
+``torch``): the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16
+elements), the large MLP (8 x 1024, batch 256), the transformer (4 layers,
+d_model 128) and an MLP of custom Functions (8 x 64, batch 32) whose backward runs
+as Python (a ``call_backward`` node). A step is ``forward; backward``; the
+gradients are dropped between steps (``p.grad = None``, untimed).
+
+- "reused": the parameters are made once (a training loop);
+- "fresh": new leaf tensors every step, from the same arrays (a numpy user who
+  keeps the weights as arrays and wraps them each step); wrapping is not timed.
+
+The forward is reported alone too, with its cost per op (forward time / autograd
+nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
+and fresh parameters. For the large MLP the step is set beside its floor: the
+"c" backward's GEMM calls alone (``backward.gemm_floor``) plus the forward's
+matmuls alone (numpy, the same shapes).
+
+    python benchmarks/step.py [--reps N] [--cases a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+CASES = ("small_mlp", "chain", "large_mlp", "transformer", "custom_fn_python")
+MODES = ("torch", "eager", "python", "c")
+SIZES = {"small_mlp": dict(layers=8, width=64, batch=32),
+         "large_mlp": dict(layers=8, width=1024, batch=256),
+         "custom_fn_python": dict(layers=8, width=64, batch=32)}
+
+
+# ---------------------------------------------------------------- models, written once
+
+def _arrays(case):
+    """The case's parameter arrays (float32) and inputs, from one seed."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    if case == "chain":
+        return {"x": rng.standard_normal(16).astype(np.float32)}, {}
+    if case in SIZES:
+        s = SIZES[case]
+        w, n = s["width"], s["layers"]
+        params = {}
+        for i in range(n):
+            params[f"w{i}"] = (rng.standard_normal((w, w)) / np.sqrt(w)).astype(np.float32)
+            if case != "custom_fn_python":
+                params[f"b{i}"] = (rng.standard_normal(w) * 0.1).astype(np.float32)
+        inputs = {"x": rng.standard_normal((s["batch"], w)).astype(np.float32),
+                  "t": rng.standard_normal((s["batch"], w)).astype(np.float32)}
+        return params, inputs
+    from compiled_autograd.examples import build
+    ex = build("transformer")
+    params = {n: p.detach().numpy().copy() for n, p in ex.model.named_parameters()}
+    inputs = {"tokens": ex.inputs["tokens"].numpy(), "targets": ex.inputs["targets"].numpy(),
+              "sizes": ex.sizes}
+    return params, inputs
+
+
+def _custom_tanh(lib):
+    class Tanh(lib.autograd.Function):
+        @staticmethod
+        def forward(ctx, h):
+            y = h.tanh()
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g * (1.0 - y * y)
+    return Tanh
+
+
+def model(lib, case, inputs):
+    """``loss(P)``: the case's loss as a function of its parameter dict."""
+    F = lib.nn.functional
+    if case == "chain":
+        ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
+
+        def chain(P):
+            h = P["x"]
+            for i in range(200):
+                h = ops[i % 4](h)
+            return h.sum()
+        return chain
+    if case in SIZES:
+        x, t = lib.from_numpy(inputs["x"]), lib.from_numpy(inputs["t"])
+        layers = SIZES[case]["layers"]
+        if case == "custom_fn_python":
+            tanh = _custom_tanh(lib).apply
+
+            def custom(P):
+                h = x
+                for i in range(layers):
+                    h = tanh(h @ P[f"w{i}"])
+                return (h * h).mean()
+            return custom
+
+        def mlp(P):
+            h = x
+            for i in range(layers):
+                h = F.linear(h, P[f"w{i}"], P[f"b{i}"])
+                if i < layers - 1:
+                    h = lib.tanh(h)
+            return F.mse_loss(h, t)
+        return mlp
+    tokens, targets = lib.from_numpy(inputs["tokens"]), lib.from_numpy(inputs["targets"])
+    s = inputs["sizes"]
+
+    def transformer(P):
+        b, n = tokens.shape
+        d, heads = s["d_model"], s["heads"]
+        x = P["tok.weight"][tokens] + P["pos.weight"][lib.arange(n)]
+        for i in range(s["layers"]):
+            p = lambda k: P[f"blocks.{i}.{k}"]  # noqa: E731
+            h = F.layer_norm(x, (d,), p("ln1.weight"), p("ln1.bias"))
+            q, k, v = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias")).chunk(3, -1)
+            q, k, v = (z.reshape(b, n, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, n, d), p("attn.proj.weight"),
+                             p("attn.proj.bias"))
+            h = F.layer_norm(x, (d,), p("ln2.weight"), p("ln2.bias"))
+            x = x + F.linear(F.gelu(F.linear(h, p("fc1.weight"), p("fc1.bias"))),
+                             p("fc2.weight"), p("fc2.bias"))
+        logits = F.linear(F.layer_norm(x, (d,), P["ln.weight"], P["ln.bias"]),
+                          P["head.weight"], P["head.bias"])
+        return F.cross_entropy(logits.reshape(b * n, -1), targets.reshape(b * n))
+    return transformer
+
+
+def wrap(lib, arrays):
+    """New leaf tensors that require grad, one per array (copies, as a user's would be)."""
+    return {n: lib.tensor(a, requires_grad=True) for n, a in arrays.items()}
+
+
+def count_nodes(loss):
+    """Autograd nodes of a loss's graph, without the leaves' AccumulateGrad."""
+    seen, stack, n = set(), [loss.grad_fn], 0
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if "AccumulateGrad" not in type(fn).__name__:
+            n += 1
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return n
+
+
+# ---------------------------------------------------------------- measuring
+
+def _runner(mode, case, fresh):
+    """(step(): (forward seconds, backward seconds), number of forward nodes)."""
+    if mode == "torch":
+        import torch as lib
+        backward = lambda loss: loss.backward()  # noqa: E731
+    else:
+        import compiled_autograd as lib
+        from compiled_autograd.compiled.api import backward_on
+        backend = None if mode == "eager" else mode
+        backward = lambda loss: backward_on(loss, backend)  # noqa: E731
+    arrays, inputs = _arrays(case)
+    loss_of = model(lib, case, inputs)
+    P = wrap(lib, arrays)
+    nodes = count_nodes(loss_of(P))
+
+    def step():
+        nonlocal P
+        if fresh:
+            P = wrap(lib, arrays)
+        start = time.perf_counter()
+        loss = loss_of(P)
+        mid = time.perf_counter()
+        backward(loss)
+        end = time.perf_counter()
+        for p in P.values():
+            p.grad = None
+        return mid - start, end - mid
+    return step, nodes
+
+
+def measure_case(case, reps, modes):
+    """Medians of forward, backward and step per mode and parameter kind, the modes
+    interleaved step by step."""
+    out = {}
+    for fresh in (False, True):
+        runners = {m: _runner(m, case, fresh) for m in modes}
+        times = {m: [] for m in modes}
+        for i in range(reps + 5):
+            for m in modes:
+                f, b = runners[m][0]()
+                if i >= 5:
+                    times[m].append((f, b))
+        kind = "fresh" if fresh else "reused"
+        for m in modes:
+            fw = statistics.median(t[0] for t in times[m])
+            bw = statistics.median(t[1] for t in times[m])
+            st = statistics.median(t[0] + t[1] for t in times[m])
+            out[f"{kind}:{m}"] = {"forward": fw, "backward": bw, "step": st,
+                                  "nodes": runners[m][1]}
+    if case == "large_mlp" and "c" in modes:
+        out["floor"] = _step_floor(case, reps)
+    return out
+
+
+def _step_floor(case, reps):
+    """The large MLP's step floor: its "c" backward's GEMMs alone plus its forward's
+    matmuls alone (numpy, as the forward makes them)."""
+    import numpy as np
+    from backward import gemm_floor
+    backward_once, _ = gemm_floor(case)
+    arrays, inputs = _arrays(case)
+    x = inputs["x"]
+    ws = [arrays[f"w{i}"] for i in range(SIZES[case]["layers"])]
+    out = np.empty((x.shape[0], ws[0].shape[0]), np.float32)
+
+    def forward_once(n):
+        times = []
+        for _ in range(n + 2):
+            start = time.perf_counter()
+            for w in ws:
+                np.matmul(x, w.T, out=out)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])
+    n = max(5, reps)
+    return {"backward gemms": backward_once(n), "forward gemms": forward_once(n)}
+
+
+def worker(reps, cases):
+    try:
+        import torch
+        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
+                              torch.get_num_threads())
+        modes = MODES
+    except ImportError:
+        modes = MODES[1:]
+    results = {}
+    for case in cases:
+        n = max(5, reps // 10) if case in ("large_mlp", "transformer") else reps
+        results[case] = measure_case(case, n, modes)
+    return results
+
+
+def _fmt(seconds):
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.2f}ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f}us"
+
+
+def report(results, threads):
+    print(f"\nthreads: {threads}")
+    for kind in ("reused", "fresh"):
+        print(f"parameters {kind}: step (forward + backward), medians")
+        head = (f"{'case':<17}" + "".join(f"{m + ' step':>13}" for m in MODES)
+                + f"{'eager/torch':>12}{'c/torch':>9}")
+        print(head)
+        for case, row in results.items():
+            cells = "".join(f"{_fmt(row.get(f'{kind}:{m}', {}).get('step')):>13}"
+                            for m in MODES)
+            t = row.get(f"{kind}:torch")
+            ratios = (f"{row[f'{kind}:eager']['step'] / t['step']:>12.2f}"
+                      f"{row[f'{kind}:c']['step'] / t['step']:>9.2f}" if t else
+                      f"{'-':>12}{'-':>9}")
+            print(f"{case:<17}{cells}{ratios}")
+    print("forward alone (reused parameters), per op = forward / autograd nodes")
+    print(f"{'case':<17}{'nodes':>6}{'torch fwd':>11}{'us/op':>7}{'ca fwd':>10}{'us/op':>7}"
+          f"{'ratio':>7}{'ca fwd, c':>11}{'ratio':>7}")
+    for case, row in results.items():
+        t, e, c = row.get("reused:torch"), row["reused:eager"], row["reused:c"]
+        n = e["nodes"]
+        tcells = (f"{_fmt(t['forward']):>11}{t['forward'] / t['nodes'] * 1e6:>7.2f}" if t
+                  else f"{'-':>11}{'-':>7}")
+        print(f"{case:<17}{n:>6}{tcells}{_fmt(e['forward']):>10}{e['forward'] / n * 1e6:>7.2f}"
+              f"{e['forward'] / t['forward'] if t else float('nan'):>7.2f}"
+              f"{_fmt(c['forward']):>11}{c['forward'] / t['forward'] if t else float('nan'):>7.2f}")
+    print("compiled \"c\" backward alone: reused vs fresh parameters")
+    print(f"{'case':<17}{'reused':>10}{'fresh':>10}{'fresh/reused':>14}{'torch reused':>14}"
+          f"{'torch fresh':>13}")
+    for case, row in results.items():
+        r, f = row["reused:c"]["backward"], row["fresh:c"]["backward"]
+        t = row.get("reused:torch")
+        tc = (f"{_fmt(t['backward']):>14}{_fmt(row['fresh:torch']['backward']):>13}" if t
+              else f"{'-':>14}{'-':>13}")
+        print(f"{case:<17}{_fmt(r):>10}{_fmt(f):>10}{f / r:>14.2f}{tc}")
+    for case, row in results.items():
+        if "floor" in row:
+            fl = row["floor"]
+            floor = fl["backward gemms"] + fl["forward gemms"]
+            step = row["reused:c"]["step"]
+            print(f"{case} floor: backward GEMMs {_fmt(fl['backward gemms'])} + forward GEMMs "
+                  f"{_fmt(fl['forward gemms'])} = {_fmt(floor)}; \"c\" step {_fmt(step)} "
+                  f"({step / floor:.2f}x the floor)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--threads", default="1,default")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+    if args.worker:
+        print(json.dumps(worker(args.reps, cases)))
+        return
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.machine()
+    print(f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; medians of "
+          f"{args.reps} steps (large MLP and transformer: {max(5, args.reps // 10)})")
+    for threads in args.threads.split(","):
+        env = dict(os.environ)
+        if threads == "1":
+            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                       CA_BENCH_THREADS="1")
+        proc = subprocess.run([sys.executable, __file__, "--worker", "--reps", str(args.reps),
+                               "--cases", ",".join(cases)], env=env, capture_output=True,
+                              text=True)
+        if proc.returncode:
+            sys.exit(f"worker failed ({threads} thread):\n{proc.stderr}")
+        report(json.loads(proc.stdout.strip().splitlines()[-1]), threads)
+
+
+if __name__ == "__main__":
+    main()

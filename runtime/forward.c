@@ -1,0 +1,668 @@
+/* The forward's common case in C: a prim called on Tensors, its result Tensor and
+   its backward node (runtime/forward.py; the reference is Python's,
+   compiled_autograd/autograd/dispatch.py: ``apply_prim_reference``).
+
+   ``Forward(config)`` is made once by the front end, which hands it its classes
+   and the ``__slots__`` member descriptors of every field it reads or writes
+   (PyMemberDef offsets: public API, as runtime/slots.c reads them), and one plan
+   per prim: (node class or None, view, differentiable, save spec). A prim's
+   kernel is read from the prim at each call.
+   Calling it, ``forward(prim, args, params)``, does what the reference does:
+   - the kernel on the arguments' arrays; the result made C-contiguous and wrapped
+     in a fresh Tensor (a new version counter, no history);
+   - when the prim is differentiable, the result floating, grad mode on and some
+     argument needs a gradient: the edges (a view's grad_fn and a leaf's
+     AccumulateGrad are asked of Python), the node (next_functions,
+     input_metadata, a sequence number, params, shapes, dtypes), its saved values
+     as SavedVariables (the result saved after it has the node as grad_fn).
+   Anything else -- a view prim, an interceptor, memory accounting, a kernel hook,
+   saved-tensor hooks, an argument that is not a plain Tensor -- goes to the
+   reference before anything runs. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* Tensor fields, in the order of TENSOR_SLOTS (forward.py). */
+enum { T_DATA, T_REQUIRES_GRAD, T_GRAD_FN, T_OUTPUT_NR, T_VERSION_COUNTER, T_BASE,
+       T_VIEW_VERSION, T_GRAD, T_GRAD_ACC_REF, T_RETAINS_GRAD, T_BACKWARD_HOOKS,
+       T_POST_ACC_HOOKS, T_CREATION, T_GRAD_LOCK, T_N };
+/* Node fields (NODE_SLOTS). */
+enum { N_NEXT, N_INPUT_META, N_SEQUENCE, N_METADATA, N_SAVED, N_PARAMS, N_SHAPES, N_DTYPES,
+       N_N };
+/* SavedVariable fields (SAVED_SLOTS). */
+enum { S_TENSOR, S_DATA, S_VERSION_COUNTER, S_SAVED_VERSION, S_IS_OUTPUT, S_REQUIRES_GRAD,
+       S_OUTPUT_NR, S_GRAD_FN_NAME, S_RELEASED, S_SHAPE, S_DTYPE, S_PACKED, S_UNPACK_HOOK,
+       S_GRAD_FN, S_LEAF, S_PACKED_KIND, S_TENSOR_REF, S_N };
+
+/* A save-spec entry: an argument, the result, or every argument after the first;
+   ``cond``: saved only when that argument's edge has a node (-1: always). */
+enum { SAVE_ARG, SAVE_OUT, SAVE_TAIL };
+typedef struct { int kind, index, cond; } SaveItem;
+
+typedef struct {
+    PyObject *cls, *name;               /* name: the node class's, for a saved output */
+    int view, differentiable, n_save;
+    SaveItem *save;
+} Plan;
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *tensor_base, *tensor, *saved, *counter;
+    Py_ssize_t t[T_N], n[N_N], s[S_N], counter_value;
+    Py_ssize_t kernel;        /* Prim.kernel's slot: read at each call (tests wrap it) */
+    PyObject *plans;          /* dict: prim -> capsule of a Plan */
+    PyObject *reference;      /* apply_prim_reference(prim, args, params) */
+    PyObject *grad_accumulator, *sequence;
+    PyObject *interceptors, *trackers;      /* lists: non-empty -> the reference */
+    PyObject *prims_globals;  /* _kernel_hook */
+    PyObject *grad_state, *hooks_state;     /* thread-locals: enabled, stack */
+    PyObject *no_edge;        /* (None, 0) */
+} Forward;
+
+static PyObject *s_kernel_hook, *s_enabled, *s_stack, *s_grad_fn,
+    *s_requires_grad;
+
+static int offsets(PyObject *descrs, Py_ssize_t *out, Py_ssize_t n, PyTypeObject **owner)
+{
+    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != n) {
+        PyErr_Format(PyExc_TypeError, "Forward: expected a tuple of %zd slot descriptors", n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(descrs, i);
+        if (!PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyErr_SetString(PyExc_TypeError, "Forward: expected __slots__ member descriptors");
+            return -1;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+            PyErr_Format(PyExc_TypeError, "Forward: %s is not a writable object slot", m->name);
+            return -1;
+        }
+        out[i] = m->offset;
+        if (owner != NULL)
+            *owner = ((PyDescrObject *)d)->d_type;
+    }
+    return 0;
+}
+
+static void plan_free(PyObject *capsule)
+{
+    Plan *p = PyCapsule_GetPointer(capsule, "forward.plan");
+    if (p == NULL)
+        return;
+    Py_XDECREF(p->cls);
+    Py_XDECREF(p->name);
+    PyMem_Free(p->save);
+    PyMem_Free(p);
+}
+
+/* plan: (node class or None, view, differentiable, ((kind, index, cond), ...)) */
+static PyObject *make_plan(PyObject *spec)
+{
+    PyObject *cls, *save;
+    int view, differentiable;
+    if (!PyArg_ParseTuple(spec, "OppO!", &cls, &view, &differentiable, &PyTuple_Type, &save))
+        return NULL;
+    Plan *p = PyMem_Calloc(1, sizeof(Plan));
+    if (p == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = PyTuple_GET_SIZE(save);
+    p->save = PyMem_Calloc((size_t)n + 1, sizeof(SaveItem));
+    if (p->save == NULL) {
+        PyMem_Free(p);
+        return PyErr_NoMemory();
+    }
+    PyObject *capsule = PyCapsule_New(p, "forward.plan", plan_free);
+    if (capsule == NULL) {
+        PyMem_Free(p->save);
+        PyMem_Free(p);
+        return NULL;
+    }
+    p->cls = Py_NewRef(cls);
+    p->view = view;
+    p->differentiable = differentiable;
+    p->n_save = (int)n;
+    if (cls != Py_None) {
+        p->name = PyObject_GetAttrString(cls, "__name__");
+        if (p->name == NULL || !PyType_Check(cls)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "Forward: a node class is a type");
+            Py_DECREF(capsule);
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        SaveItem *s = &p->save[i];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(save, i), "iii", &s->kind, &s->index, &s->cond)) {
+            Py_DECREF(capsule);
+            return NULL;
+        }
+    }
+    return capsule;
+}
+
+static int forward_init(Forward *f, PyObject *args, PyObject *kwds)
+{
+    PyObject *tslots, *nslots, *sslots, *cslot, *kslot, *plans, *reference, *grad_accumulator,
+        *sequence, *interceptors, *trackers, *prims_globals, *grad_state, *hooks_state;
+    PyTypeObject *tensor;
+    Py_ssize_t t[T_N], n[N_N], s[S_N], cv, kv;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO!OOOO!O!O!OO", &PyType_Type, &tensor, &tslots,
+                          &nslots, &sslots, &cslot, &kslot, &PyDict_Type, &plans, &reference,
+                          &grad_accumulator, &sequence, &PyList_Type, &interceptors,
+                          &PyList_Type, &trackers, &PyDict_Type, &prims_globals, &grad_state,
+                          &hooks_state))
+        return -1;
+    PyTypeObject *tensor_base, *saved_type, *counter_type, *node_type, *prim_type;
+    if (offsets(tslots, t, T_N, &tensor_base) < 0 || offsets(nslots, n, N_N, &node_type) < 0
+        || offsets(sslots, s, S_N, &saved_type) < 0
+        || !PyTuple_Check(cslot) || offsets(cslot, &cv, 1, &counter_type) < 0
+        || !PyTuple_Check(kslot) || offsets(kslot, &kv, 1, &prim_type) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "Forward: the counter's and the kernel's slots, "
+                            "each in a tuple");
+        return -1;
+    }
+    (void)node_type;
+    (void)prim_type;
+    PyObject *compiled = PyDict_New();
+    if (compiled == NULL)
+        return -1;
+    PyObject *prim, *spec;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(plans, &pos, &prim, &spec)) {
+        PyObject *capsule = make_plan(spec);
+        if (capsule == NULL || PyDict_SetItem(compiled, prim, capsule) < 0) {
+            Py_XDECREF(capsule);
+            Py_DECREF(compiled);
+            return -1;
+        }
+        Py_DECREF(capsule);
+    }
+    memcpy(f->t, t, sizeof t);
+    memcpy(f->n, n, sizeof n);
+    memcpy(f->s, s, sizeof s);
+    f->counter_value = cv;
+    f->kernel = kv;
+    Py_XSETREF(f->tensor_base, (PyTypeObject *)Py_NewRef(tensor_base));
+    Py_XSETREF(f->tensor, (PyTypeObject *)Py_NewRef(tensor));
+    Py_XSETREF(f->saved, (PyTypeObject *)Py_NewRef(saved_type));
+    Py_XSETREF(f->counter, (PyTypeObject *)Py_NewRef(counter_type));
+    Py_XSETREF(f->plans, compiled);
+    Py_XSETREF(f->reference, Py_NewRef(reference));
+    Py_XSETREF(f->grad_accumulator, Py_NewRef(grad_accumulator));
+    Py_XSETREF(f->sequence, Py_NewRef(sequence));
+    Py_XSETREF(f->interceptors, Py_NewRef(interceptors));
+    Py_XSETREF(f->trackers, Py_NewRef(trackers));
+    Py_XSETREF(f->prims_globals, Py_NewRef(prims_globals));
+    Py_XSETREF(f->grad_state, Py_NewRef(grad_state));
+    Py_XSETREF(f->hooks_state, Py_NewRef(hooks_state));
+    if (f->no_edge == NULL)
+        f->no_edge = Py_BuildValue("(Oi)", Py_None, 0);
+    return f->no_edge == NULL ? -1 : 0;
+}
+
+/* Set a slot to a new reference (stolen), dropping what it held. */
+static inline void put(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+static PyObject *shape_tuple(PyArrayObject *a)
+{
+    int nd = PyArray_NDIM(a);
+    PyObject *t = PyTuple_New(nd);
+    if (t == NULL)
+        return NULL;
+    for (int i = 0; i < nd; i++) {
+        PyObject *d = PyLong_FromSsize_t(PyArray_DIM(a, i));
+        if (d == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, d);
+    }
+    return t;
+}
+
+/* Tensor._make(data): a fresh Tensor with no history. */
+static PyObject *new_tensor(Forward *f, PyObject *data)
+{
+    PyObject *counter = f->counter->tp_alloc(f->counter, 0);
+    if (counter == NULL)
+        return NULL;
+    SLOT(counter, f->counter_value) = PyLong_FromLong(0);
+    PyObject *t = f->tensor->tp_alloc(f->tensor, 0);
+    if (t == NULL) {
+        Py_DECREF(counter);
+        return NULL;
+    }
+    const Py_ssize_t *o = f->t;
+    SLOT(t, o[T_DATA]) = Py_NewRef(data);
+    SLOT(t, o[T_REQUIRES_GRAD]) = Py_NewRef(Py_False);
+    SLOT(t, o[T_GRAD_FN]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_OUTPUT_NR]) = PyLong_FromLong(0);
+    SLOT(t, o[T_VERSION_COUNTER]) = counter;
+    SLOT(t, o[T_BASE]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_VIEW_VERSION]) = PyLong_FromLong(0);
+    SLOT(t, o[T_GRAD]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_GRAD_ACC_REF]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_RETAINS_GRAD]) = Py_NewRef(Py_False);
+    SLOT(t, o[T_BACKWARD_HOOKS]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_POST_ACC_HOOKS]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_CREATION]) = Py_NewRef(Py_None);
+    SLOT(t, o[T_GRAD_LOCK]) = Py_NewRef(Py_None);
+    return t;
+}
+
+/* SavedVariable(tensor, is_output, grad_fn_name) without saved-tensor hooks. */
+static PyObject *new_saved(Forward *f, PyObject *tensor, int is_output, PyObject *name)
+{
+    const Py_ssize_t *o = f->s, *t = f->t;
+    PyObject *data = SLOT(tensor, t[T_DATA]), *grad_fn = SLOT(tensor, t[T_GRAD_FN]);
+    PyObject *base = SLOT(tensor, t[T_BASE]), *counter = SLOT(tensor, t[T_VERSION_COUNTER]);
+    if (data == NULL || grad_fn == NULL || base == NULL || counter == NULL
+        || !PyArray_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "Forward: a saved tensor without its fields");
+        return NULL;
+    }
+    PyObject *requires_grad;
+    if (base != Py_None) {
+        requires_grad = PyObject_GetAttr(tensor, s_requires_grad);   /* (a view's) */
+        if (requires_grad == NULL)
+            return NULL;
+    } else {
+        PyObject *own = SLOT(tensor, t[T_REQUIRES_GRAD]);
+        requires_grad = Py_NewRef((own == Py_True || grad_fn != Py_None) ? Py_True : Py_False);
+    }
+    PyObject *version = SLOT(counter, f->counter_value);
+    PyObject *shape = shape_tuple((PyArrayObject *)data);
+    PyObject *sv = shape && version ? f->saved->tp_alloc(f->saved, 0) : NULL;
+    if (sv == NULL) {
+        Py_DECREF(requires_grad);
+        Py_XDECREF(shape);
+        return NULL;
+    }
+    SLOT(sv, o[S_PACKED]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_UNPACK_HOOK]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_GRAD_FN]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_LEAF]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_PACKED_KIND]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_TENSOR_REF]) = Py_NewRef(Py_None);
+    SLOT(sv, o[S_VERSION_COUNTER]) = Py_NewRef(counter);
+    SLOT(sv, o[S_SAVED_VERSION]) = Py_NewRef(version);
+    SLOT(sv, o[S_IS_OUTPUT]) = Py_NewRef(is_output ? Py_True : Py_False);
+    SLOT(sv, o[S_SHAPE]) = shape;
+    SLOT(sv, o[S_DTYPE]) = Py_NewRef((PyObject *)PyArray_DESCR((PyArrayObject *)data));
+    SLOT(sv, o[S_RELEASED]) = Py_NewRef(Py_False);
+    SLOT(sv, o[S_OUTPUT_NR]) = Py_NewRef(SLOT(tensor, t[T_OUTPUT_NR]));
+    SLOT(sv, o[S_GRAD_FN_NAME]) = Py_NewRef(name != NULL ? name : Py_None);
+    SLOT(sv, o[S_REQUIRES_GRAD]) = requires_grad;
+    if (is_output && grad_fn != Py_None) {
+        SLOT(sv, o[S_TENSOR]) = Py_NewRef(Py_None);     /* (no node -> tensor -> node) */
+        SLOT(sv, o[S_DATA]) = Py_NewRef(data);
+    } else {
+        SLOT(sv, o[S_TENSOR]) = Py_NewRef(tensor);
+        SLOT(sv, o[S_DATA]) = Py_NewRef(Py_None);
+    }
+    return sv;
+}
+
+static inline int is_tensor(Forward *f, PyObject *a)
+{
+    return PyObject_TypeCheck(a, f->tensor_base);
+}
+
+/* The value saved for ``a``: a SavedVariable for a tensor, else ``a`` itself. */
+static PyObject *save_value(Forward *f, PyObject *a)
+{
+    return is_tensor(f, a) ? new_saved(f, a, 0, NULL) : Py_NewRef(a);
+}
+
+static PyObject *reference(Forward *f, PyObject *prim, PyObject *args, PyObject *params)
+{
+    return PyObject_CallFunctionObjArgs(f->reference, prim, args, params, NULL);
+}
+
+/* Whether the reference must run: an interceptor, memory accounting, a kernel
+   hook, saved-tensor hooks (-1: an error). */
+static int unusual(Forward *f)
+{
+    if (PyList_GET_SIZE(f->interceptors) || PyList_GET_SIZE(f->trackers))
+        return 1;
+    PyObject *hook = PyDict_GetItemWithError(f->prims_globals, s_kernel_hook);
+    if (hook != NULL && hook != Py_None)
+        return 1;
+    PyObject *stack = PyObject_GetAttr(f->hooks_state, s_stack);
+    if (stack == NULL)
+        return -1;
+    int hooked = stack != Py_None && PyObject_IsTrue(stack);
+    Py_DECREF(stack);
+    return hooked;
+}
+
+static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
+{
+    PyObject *prim, *args, *params;
+    if (f->plans == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Forward: not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(call_args, "OO!O!", &prim, &PyTuple_Type, &args, &PyDict_Type,
+                          &params))
+        return NULL;
+    PyObject *capsule = PyDict_GetItemWithError(f->plans, prim);
+    if (capsule == NULL)
+        return PyErr_Occurred() ? NULL : reference(f, prim, args, params);
+    Plan *p = PyCapsule_GetPointer(capsule, "forward.plan");
+    if (p == NULL)
+        return NULL;
+    int u = p->view ? 1 : unusual(f);
+    if (u != 0)
+        return u < 0 ? NULL : reference(f, prim, args, params);
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        if (is_tensor(f, a) && SLOT(a, f->t[T_DATA]) == NULL)
+            return reference(f, prim, args, params);    /* (a proxy: its _data is no slot) */
+    }
+
+    /* the kernel, on the arrays */
+    PyObject *arrays = PyTuple_New(n);
+    if (arrays == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        PyTuple_SET_ITEM(arrays, i, Py_NewRef(is_tensor(f, a) ? SLOT(a, f->t[T_DATA]) : a));
+    }
+    PyObject *kernel = SLOT(prim, f->kernel);
+    if (kernel == NULL) {
+        Py_DECREF(arrays);
+        PyErr_SetString(PyExc_AttributeError, "Forward: a prim without its kernel");
+        return NULL;
+    }
+    Py_INCREF(kernel);      /* (the kernel may replace itself) */
+    PyObject *out = PyObject_Call(kernel, arrays, PyDict_GET_SIZE(params) ? params : NULL);
+    Py_DECREF(kernel);
+    Py_DECREF(arrays);
+    if (out == NULL)
+        return NULL;
+    if (!PyArray_CheckExact(out))
+        Py_SETREF(out, PyArray_FROM_O(out));        /* np.asarray */
+    if (out != NULL && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
+        Py_SETREF(out, PyArray_NewCopy((PyArrayObject *)out, NPY_CORDER));
+    if (out == NULL)
+        return NULL;
+    PyObject *result = new_tensor(f, out);
+    if (result == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    char kind = PyArray_DESCR((PyArrayObject *)out)->kind;
+    if (!p->differentiable || (kind != 'f' && kind != 'c')) {
+        Py_DECREF(out);
+        return result;
+    }
+    PyObject *enabled = PyObject_GetAttr(f->grad_state, s_enabled);
+    if (enabled == NULL)
+        goto fail_out;
+    int on = PyObject_IsTrue(enabled);
+    Py_DECREF(enabled);
+    if (on <= 0) {
+        Py_DECREF(out);
+        if (on < 0)
+            Py_CLEAR(result);
+        return result;
+    }
+
+    /* the edges (gradient_edge of each argument) */
+    PyObject *edges = PyTuple_New(n), *node = NULL;
+    if (edges == NULL)
+        goto fail_out;
+    int wants = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i), *edge;
+        if (!is_tensor(f, a)) {
+            PyTuple_SET_ITEM(edges, i, Py_NewRef(f->no_edge));
+            continue;
+        }
+        PyObject *fn = SLOT(a, f->t[T_BASE]) != Py_None ? PyObject_GetAttr(a, s_grad_fn)
+                                                       : Py_XNewRef(SLOT(a, f->t[T_GRAD_FN]));
+        if (fn == NULL)
+            goto fail_edges;
+        if (fn != Py_None) {
+            edge = PyTuple_Pack(2, fn, SLOT(a, f->t[T_OUTPUT_NR]));
+            wants = 1;
+        } else if (SLOT(a, f->t[T_REQUIRES_GRAD]) == Py_True) {
+            PyObject *acc = PyObject_CallOneArg(f->grad_accumulator, a);
+            edge = acc ? Py_BuildValue("(Oi)", acc, 0) : NULL;
+            Py_XDECREF(acc);
+            wants = 1;
+        } else {
+            edge = Py_NewRef(f->no_edge);
+        }
+        Py_DECREF(fn);
+        if (edge == NULL)
+            goto fail_edges;
+        PyTuple_SET_ITEM(edges, i, edge);
+    }
+    if (!wants) {
+        Py_DECREF(edges);
+        Py_DECREF(out);
+        return result;
+    }
+    if (p->cls == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "Forward: a differentiable prim without a node class");
+        goto fail_edges;
+    }
+
+    /* the node */
+    PyTypeObject *cls = (PyTypeObject *)p->cls;
+    PyObject *shape = shape_tuple((PyArrayObject *)out);
+    PyObject *pair = shape ? PyTuple_Pack(2, shape, (PyObject *)PyArray_DESCR((PyArrayObject *)out))
+                           : NULL;
+    Py_XDECREF(shape);
+    PyObject *meta = pair ? PyTuple_Pack(1, pair) : NULL;
+    Py_XDECREF(pair);
+    PyObject *sequence = meta ? PyIter_Next(f->sequence) : NULL;
+    PyObject *shapes = sequence ? PyTuple_New(n) : NULL, *dtypes = shapes ? PyTuple_New(n) : NULL;
+    if (dtypes == NULL) {
+        Py_XDECREF(meta);
+        Py_XDECREF(sequence);
+        Py_XDECREF(shapes);
+        goto fail_edges;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        if (is_tensor(f, a)) {
+            PyArrayObject *data = (PyArrayObject *)SLOT(a, f->t[T_DATA]);
+            PyObject *s = shape_tuple(data);
+            if (s == NULL) {
+                Py_DECREF(meta);
+                Py_DECREF(sequence);
+                Py_DECREF(shapes);
+                Py_DECREF(dtypes);
+                goto fail_edges;
+            }
+            PyTuple_SET_ITEM(shapes, i, s);
+            PyTuple_SET_ITEM(dtypes, i, Py_NewRef((PyObject *)PyArray_DESCR(data)));
+        } else {
+            PyTuple_SET_ITEM(shapes, i, Py_NewRef(Py_None));
+            PyTuple_SET_ITEM(dtypes, i, Py_NewRef(Py_None));
+        }
+    }
+    node = cls->tp_alloc(cls, 0);
+    if (node == NULL) {
+        Py_DECREF(meta);
+        Py_DECREF(sequence);
+        Py_DECREF(shapes);
+        Py_DECREF(dtypes);
+        goto fail_edges;
+    }
+    SLOT(node, f->n[N_NEXT]) = edges;       /* (the node's reference now) */
+    SLOT(node, f->n[N_INPUT_META]) = meta;
+    SLOT(node, f->n[N_SEQUENCE]) = sequence;
+    SLOT(node, f->n[N_METADATA]) = Py_NewRef(Py_None);
+    SLOT(node, f->n[N_PARAMS]) = Py_NewRef(params);
+    SLOT(node, f->n[N_SHAPES]) = shapes;
+    SLOT(node, f->n[N_DTYPES]) = dtypes;
+
+    /* its saved values (an input before the result exists; the result after) */
+    PyObject *saved = PyTuple_New(p->n_save);
+    if (saved == NULL)
+        goto fail_node;
+    SLOT(node, f->n[N_SAVED]) = saved;
+    int saves_out = 0;
+    for (int k = 0; k < p->n_save; k++) {
+        SaveItem *s = &p->save[k];
+        PyObject *value;
+        if (s->cond >= 0 && PyTuple_GET_ITEM(PyTuple_GET_ITEM(edges, s->cond), 0) == Py_None) {
+            value = Py_NewRef(Py_None);
+        } else if (s->kind == SAVE_ARG) {
+            value = s->index < n ? save_value(f, PyTuple_GET_ITEM(args, s->index)) : NULL;
+            if (s->index >= n && !PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "Forward: a save spec past the arguments");
+        } else if (s->kind == SAVE_TAIL) {
+            value = PyTuple_New(n > 0 ? n - 1 : 0);
+            for (Py_ssize_t i = 1; value != NULL && i < n; i++) {
+                PyObject *v = save_value(f, PyTuple_GET_ITEM(args, i));
+                if (v == NULL)
+                    Py_CLEAR(value);
+                else
+                    PyTuple_SET_ITEM(value, i - 1, v);
+            }
+        } else {
+            saves_out = 1;
+            continue;        /* (filled below: a NULL item until then) */
+        }
+        if (value == NULL)
+            goto fail_node;
+        PyTuple_SET_ITEM(saved, k, value);
+    }
+    put(result, f->t[T_GRAD_FN], Py_NewRef(node));
+    if (saves_out) {
+        for (int k = 0; k < p->n_save; k++) {
+            if (PyTuple_GET_ITEM(saved, k) != NULL)
+                continue;
+            PyObject *value = new_saved(f, result, 1, p->name);
+            if (value == NULL)
+                goto fail_node;
+            PyTuple_SET_ITEM(saved, k, value);
+        }
+    }
+    Py_DECREF(out);
+    Py_DECREF(node);
+    return result;
+
+fail_node:
+    /* (a saved tuple with NULL items must not be seen: fill them before dropping) */
+    if (SLOT(node, f->n[N_SAVED]) != NULL) {
+        PyObject *saved_ = SLOT(node, f->n[N_SAVED]);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(saved_); k++)
+            if (PyTuple_GET_ITEM(saved_, k) == NULL)
+                PyTuple_SET_ITEM(saved_, k, Py_NewRef(Py_None));
+    }
+    put(result, f->t[T_GRAD_FN], Py_NewRef(Py_None));
+    Py_DECREF(node);
+    Py_DECREF(out);
+    Py_DECREF(result);
+    return NULL;
+fail_edges:
+    Py_DECREF(edges);
+fail_out:
+    Py_DECREF(out);
+    Py_DECREF(result);
+    return NULL;
+}
+
+static int forward_traverse(Forward *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->tensor_base);
+    Py_VISIT(f->tensor);
+    Py_VISIT(f->saved);
+    Py_VISIT(f->counter);
+    Py_VISIT(f->plans);
+    Py_VISIT(f->reference);
+    Py_VISIT(f->grad_accumulator);
+    Py_VISIT(f->sequence);
+    Py_VISIT(f->interceptors);
+    Py_VISIT(f->trackers);
+    Py_VISIT(f->prims_globals);
+    Py_VISIT(f->grad_state);
+    Py_VISIT(f->hooks_state);
+    Py_VISIT(f->no_edge);
+    return 0;
+}
+
+static int forward_clear(Forward *f)
+{
+    Py_CLEAR(f->tensor_base);
+    Py_CLEAR(f->tensor);
+    Py_CLEAR(f->saved);
+    Py_CLEAR(f->counter);
+    Py_CLEAR(f->plans);
+    Py_CLEAR(f->reference);
+    Py_CLEAR(f->grad_accumulator);
+    Py_CLEAR(f->sequence);
+    Py_CLEAR(f->interceptors);
+    Py_CLEAR(f->trackers);
+    Py_CLEAR(f->prims_globals);
+    Py_CLEAR(f->grad_state);
+    Py_CLEAR(f->hooks_state);
+    Py_CLEAR(f->no_edge);
+    return 0;
+}
+
+static void forward_dealloc(Forward *f)
+{
+    PyObject_GC_UnTrack(f);
+    forward_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyTypeObject ForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_forward.Forward",
+    .tp_doc = "A prim called on Tensors: result, node and saved values (runtime/forward.c).",
+    .tp_basicsize = sizeof(Forward),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)forward_traverse,
+    .tp_clear = (inquiry)forward_clear,
+    .tp_init = (initproc)forward_init,
+    .tp_dealloc = (destructor)forward_dealloc,
+    .tp_call = (ternaryfunc)forward_call,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forward", NULL, -1, NULL,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__forward(void)
+{
+    import_array();
+    if (PyType_Ready(&ForwardType) < 0)
+        return NULL;
+    s_kernel_hook = PyUnicode_InternFromString("_kernel_hook");
+    s_enabled = PyUnicode_InternFromString("enabled");
+    s_stack = PyUnicode_InternFromString("stack");
+    s_grad_fn = PyUnicode_InternFromString("grad_fn");
+    s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    if (!s_kernel_hook || !s_enabled || !s_stack || !s_grad_fn
+        || !s_requires_grad)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Forward", (PyObject *)&ForwardType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
