@@ -106,13 +106,11 @@ class CompiledNodeArgs:
         sizes.extend(split[1])
         if record:
             self.size_pos[id(node)] = len(sizes)
-        ndims = []
-        for shape in node.shapes:
-            if shape is None:
-                ndims.append(None)
-            else:
-                ndims.append(len(shape))
-                sizes.extend(shape)
+        shapes = node.shapes
+        split_shapes = _SHAPE_SPLITS.get(shapes)
+        if split_shapes is None:
+            split_shapes = _shape_split(shapes)
+        sizes.extend(split_shapes[1])
         saved = []
         for i, item in enumerate(node.saved):
             cls = item.__class__
@@ -127,7 +125,7 @@ class CompiledNodeArgs:
                 saved.append("scalar")
             else:
                 saved.append(item)
-        self.key.append((type(node), split[0], tuple(ndims), node.dtypes, tuple(saved)))
+        self.key.append((type(node), split[0], split_shapes[0], node.dtypes, tuple(saved)))
 
     # ---------------------------------------------------------- runtime values
 
@@ -277,6 +275,23 @@ def intern_fold(items, start, h):
         items[k] = entry[0]
         h = (h * _P + entry[1]) % _M      # (its hash kept: a nested tuple's is not)
     return h
+
+
+_SHAPE_SPLITS: dict = {}   # a node's input shapes -> (ndims, their sizes flat): they repeat
+
+
+def _shape_split(shapes):
+    ndims, flat = [], []
+    for shape in shapes:
+        if shape is None:
+            ndims.append(None)
+        else:
+            ndims.append(len(shape))
+            flat.extend(shape)
+    if len(_SHAPE_SPLITS) > 100_000:
+        _SHAPE_SPLITS.clear()
+    split = _SHAPE_SPLITS[shapes] = (tuple(ndims), tuple(flat))
+    return split
 
 
 _PARAM_SPLITS: dict = {}   # params items -> (key item, ints): params repeat a lot
