@@ -235,6 +235,17 @@ def check_unused_parameters():
     passed("unused_parameters")
 
 
+def check_layout_differs():
+    """Buckets that differ between ranks (here: another bucket_cap_mb on rank 1)
+    would pair all-reduces of different sizes: an error on every rank instead."""
+    model = mlp(0)
+    ddp = DDP(model, bucket_cap_mb=0.0002 if RANK == 0 else 25)
+    expect_error(lambda: backward(loss_of(ddp, MINE), "python"),
+                 "gradient buckets differ", "rank 0: [['4.bias', '4.weight', '2.bias'], ['2.weight']",
+                 "rank 1: [['4.bias', '4.weight', '2.bias', '2.weight', '0.bias', '0.weight']]")
+    passed("layout_differs")
+
+
 def check_comm_hooks():
     grads = {}
     for name, hook in (("default", None), ("allreduce", allreduce_hook),
@@ -337,7 +348,7 @@ def check_graph_nodes():
 
 CHECKS = [check_collectives, check_construction_broadcasts, check_gradients_equal_full_batch,
           check_training_identical_after_5_steps, check_no_sync, check_unused_parameters,
-          check_comm_hooks, check_broadcast_buffers, check_graph_nodes]
+          check_layout_differs, check_comm_hooks, check_broadcast_buffers, check_graph_nodes]
 
 if __name__ == "__main__":
     only = sys.argv[1:]
