@@ -30,12 +30,13 @@ def mpiexec():
 
 
 def launch(script, *args, ranks=2, limit=LIMIT, tmp_path=None):
+    """``mpiexec -n ranks python tests/<script> args`` (``script`` "-m": a module)."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if tmp_path is not None:
         env["CA_CACHE_DIR"] = str(tmp_path)
     cmd = [mpiexec(), "--oversubscribe", "-n", str(ranks), sys.executable,
-           str(HERE / script), *args]
+           script if script == "-m" else str(HERE / script), *args]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as e:
@@ -93,6 +94,25 @@ def test_a_collective_that_waits_too_long_names_the_missing_rank(tmp_path):
     err = out.stderr
     assert "timed out after 3 s on rank 0: these ranks did not reach it: rank 1" in err, err
     assert "finished" not in out.stdout
+
+
+def _losses(text):
+    return [float(line.split()[-1]) for line in text.splitlines() if line.startswith("step ")]
+
+
+def test_the_bundled_example_trains_as_one_process_on_the_whole_batch(tmp_path):
+    args = ["--steps", "3", "--backend", "python"]
+    out = launch("-m", "compiled_autograd.examples.ddp_train", *args, tmp_path=tmp_path,
+                 limit=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    one = subprocess.run([sys.executable, "-m", "compiled_autograd.examples.ddp_train",
+                          *args, "--reference"], capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    ddp, ref = _losses(out.stdout), _losses(one.stdout)
+    assert len(ddp) == len(ref) == 3                  # rank 0 prints, once per step
+    # float32: the averaged gradient differs from the whole batch's by rounding only
+    assert max(abs(a - b) for a, b in zip(ddp, ref)) <= 2e-5, (ddp, ref)
+    assert ref[-1] < ref[0]
 
 
 def test_importing_without_mpi4py_says_how_to_install():
