@@ -71,6 +71,8 @@ class DistributedDataParallel(Module):
         if self.training and self.broadcast_buffers and _world.get_world_size() > 1:
             for b in self.module.buffers():
                 _world.broadcast(b, 0)
+        if grad and self.require_backward_grad_sync:
+            self.reducer.rebuild()
         out = self.module(*inputs, **kwargs)
         if grad and self.require_backward_grad_sync:
             self.reducer.prepare(out)

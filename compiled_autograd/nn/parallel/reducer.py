@@ -171,13 +171,19 @@ class Reducer:
                 "Expected to have finished reduction in the prior iteration before starting "
                 "a new one: the previous backward started its buckets' all-reduces but did "
                 "not reach every parameter's gradient")
-        if self.rebuild_order is not None:
-            self._set_buckets(assign_buckets(self.params, self.rebuild_order, self.cap_bytes))
-            self.rebuild_order = None
+        self.rebuild()
         used, crc = reachable(outputs, self.index)
         self.state = _Backward(self, used, crc)
 
     rebuild_order = None
+
+    def rebuild(self):
+        """Use the learned buckets (and register their hooks) if the first backward
+        learned new ones; DDP's forward calls this before the module's forward, so
+        that the graph it builds sees the hooks its backward will run."""
+        if self.rebuild_order is not None:
+            self._set_buckets(assign_buckets(self.params, self.rebuild_order, self.cap_bytes))
+            self.rebuild_order = None
 
     def ready(self, i):
         st = self.state
