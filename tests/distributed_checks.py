@@ -120,6 +120,55 @@ def check_construction_broadcasts():
     passed("construction_broadcasts")
 
 
+def check_construction_errors():
+    """torch's test_ddp_model_diff_shape_across_ranks / _num_params_across_ranks and
+    test_DistributedDataParallel_requires_grad: errors on every rank, nothing hangs."""
+    ca.manual_seed(0)
+    expect_error(lambda: DDP(ca.nn.Linear(3, 2 + RANK)), "DDP expects same model across all "
+                 "ranks", "weight [", f"on rank {RANK}")
+    layers = [ca.nn.Linear(3, 3) for _ in range(1 + RANK)]
+    expect_error(lambda: DDP(ca.nn.Sequential(*layers)), "DDP expects same model across all "
+                 f"ranks, but Rank {RANK} has {2 + 2 * RANK} params, while rank {1 - RANK} has "
+                 f"inconsistent {4 - 2 * RANK} params.")
+    frozen = ca.nn.Linear(3, 3)
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    expect_error(lambda: DDP(frozen), "DistributedDataParallel is not needed when a module "
+                 "doesn't have any parameter that requires a gradient.")
+    expect_error(lambda: DDP(mlp(0), bucket_cap_mb=0), "bucket_cap_mb", exc=ValueError)
+    ddp = DDP(mlp(0))
+    assert list(ddp.state_dict())[0] == "module.0.weight" and ddp.module is not None
+    passed("construction_errors")
+
+
+class Tied(ca.nn.Module):
+    """One Linear used twice (torch's test_ddp_shared_grad_acc_unused_params' cousin):
+    its parameters get one gradient, the sum of both uses."""
+
+    def __init__(self):
+        super().__init__()
+        ca.manual_seed(0)
+        self.inp = ca.nn.Linear(6, 4)
+        self.shared = ca.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.shared(self.shared(self.inp(x).tanh()).tanh())
+
+
+def check_shared_parameters():
+    for backend in ("eager", "c"):
+        model = Tied()
+        ddp = DDP(model, bucket_cap_mb=0.00001)
+        for _ in range(2):
+            ddp.zero_grad()
+            backward((ddp(ca.tensor(DATA[MINE])) ** 2).mean(), backend)
+        ref = Tied()
+        (ref(ca.tensor(DATA)) ** 2).mean().backward()
+        assert max(rel(p.grad.numpy(), r.grad.numpy())
+                   for p, r in zip(model.parameters(), ref.parameters())) <= 1e-6
+    passed("shared_parameters")
+
+
 def check_gradients_equal_full_batch():
     """Every backend, several steps each (the learned buckets and a cache hit)."""
     model = mlp(0)
@@ -346,7 +395,8 @@ def check_graph_nodes():
     passed("graph_nodes")
 
 
-CHECKS = [check_collectives, check_construction_broadcasts, check_gradients_equal_full_batch,
+CHECKS = [check_collectives, check_construction_broadcasts, check_construction_errors,
+          check_shared_parameters, check_gradients_equal_full_batch,
           check_training_identical_after_5_steps, check_no_sync, check_unused_parameters,
           check_layout_differs, check_comm_hooks, check_broadcast_buffers, check_graph_nodes]
 

@@ -52,7 +52,8 @@ def test_mpi4py_is_installed():
         pytest.fail("mpi4py is missing: pip install \".[test,mpi]\"")
 
 
-CHECKS = ["collectives", "construction_broadcasts", "gradients_equal_full_batch",
+CHECKS = ["collectives", "construction_broadcasts", "construction_errors",
+          "shared_parameters", "gradients_equal_full_batch",
           "training_identical_after_5_steps", "no_sync", "unused_parameters",
           "layout_differs", "comm_hooks", "broadcast_buffers", "graph_nodes"]
 
