@@ -15,7 +15,8 @@ backward's compute is done: the wait and the copy back into ``.grad``, i.e.
 ``after``'s whole communication, DDP's hand-over), ``in hooks`` (the time
 inside DDP's hooks during the backward: copying gradients into buckets, starting
 all-reduces, letting MPI progress them), ``comm alone`` (one all-reduce
-of all 33.6 MB of gradients, nothing else running).
+of all 33.6 MB of gradients, nothing else running); then what DDP's check of the
+ranks' layouts before each backward's first all-reduce costs alone.
 
     python benchmarks/distributed.py [--steps N]
 
@@ -43,7 +44,7 @@ LAYERS, WIDTH, BATCH = 8, 1024, 256
 def rank_job(steps):
     import compiled_autograd as ca
     import compiled_autograd.distributed as dist
-    from compiled_autograd.distributed.world import all_reduce_array
+    from compiled_autograd.distributed.world import all_gather_array, all_reduce_array
     from compiled_autograd.nn.parallel import DistributedDataParallel
     from compiled_autograd.nn.parallel.reducer import Reducer
 
@@ -132,6 +133,14 @@ def rank_job(steps):
         all_reduce_array(flat).wait()
         comm.append(time.perf_counter() - t0)
     results["comm"] = statistics.median(comm[2:])
+    check = []                                # DDP's check before each backward's first
+    row = np.zeros(3 + 2 * LAYERS, np.int64)  # all-reduce: an all-gather of this many ints
+    for _ in range(50):
+        dist.barrier()
+        t0 = time.perf_counter()
+        all_gather_array(row)
+        check.append(time.perf_counter() - t0)
+    results["check"] = statistics.median(check)
     if rank == 0:
         print("RESULT " + json.dumps({"world": world, "results": results}), flush=True)
     dist.destroy_process_group()
@@ -172,6 +181,8 @@ def main():
                   f"{r[mode]['left'] * 1e3:8.1f} {r[mode]['hooks'] * 1e3:9.1f} "
                   f"{r['comm'] * 1e3:11.1f}")
     two = runs[1]["results"]
+    print(f"2 ranks: DDP's check before each backward's first all-reduce (an all-gather of "
+          f"{3 + 2 * LAYERS} int64): {two['check'] * 1e6:.0f} us (median of 50)")
     print(f"2 ranks: DDP 1 MB buckets leave {two['ddp_1mb']['left'] / two['after']['left']:.2f}"
           f" of the time one all-reduce after the backward leaves")
 
