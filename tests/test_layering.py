@@ -30,6 +30,7 @@ LAYERS = (
     "compiled_autograd.memory",      # accounting, planned schedule, reports
     "compiled_autograd.compiled",    # compiled args, cache, tracer, entry points, backends
     "compiled_autograd.planning",    # what to recompute for a memory budget (ca.memory.plan_checkpoints)
+    "compiled_autograd.distributed",  # the MPI process group, collectives, comm hooks (optional extra)
     "compiled_autograd.nn",
     "compiled_autograd.utils",
     "compiled_autograd",             # the public facade (ca.*)

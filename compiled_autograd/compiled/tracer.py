@@ -447,7 +447,13 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset(), none_mask
                 leaf = tracer.lifted_proxy(fn.variable, kind="leaf")
                 for kind, _, hook in node_hooks(fn):
                     if kind == "post_acc_grad_hook":
-                        tracer.call_hook(kind, (tracer.next_hook(hook), leaf.node))
+                        # a hook may name its node (DDP's: bucket_<i>_allreduce, ...),
+                        # which the generated code's comment then shows
+                        name = getattr(hook, "graph_name", None)
+                        node = tracer.call_hook(kind, (tracer.next_hook(hook), leaf.node),
+                                                name=name)
+                        if name:
+                            node.meta["source"] = name
             _post_hooks(tracer, fn, (), grads)
             return ()
         outputs = fn.apply_with_saved(grads, swap)

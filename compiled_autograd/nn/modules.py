@@ -35,13 +35,24 @@ class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent_buffers_set", set())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise AttributeError("cannot assign before Module.__init__() call")
+        if name in self._buffers and not isinstance(value, (Parameter, Module)):
+            # as torch: assigning to a buffer's name replaces the buffer
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' "
+                                "(Tensor or None expected)")
+            self._buffers[name] = value
+            object.__setattr__(self, name, value)
+            return
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
         if isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
@@ -51,7 +62,33 @@ class Module:
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
+        self._non_persistent_buffers_set.discard(name)
         object.__delattr__(self, name)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """A Tensor that belongs to the module's state but is no parameter (running
+        statistics, masks): in ``buffers()`` and, if ``persistent``, in
+        ``state_dict()``; ``None`` registers the name with no value. As torch's."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        if not isinstance(name, str):
+            raise TypeError(f"buffer name should be a string. Got {type(name).__name__}")
+        if "." in name:
+            raise KeyError("buffer name can't contain \".\"")
+        if name == "":
+            raise KeyError("buffer name can't be empty string \"\"")
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"attribute '{name}' already exists")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"cannot assign '{type(tensor).__name__}' object to buffer "
+                            f"'{name}' (Tensor or None required)")
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+        object.__setattr__(self, name, tensor)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"Module [{type(self).__name__}] is missing the required "
@@ -84,6 +121,35 @@ class Module:
         for _, p in self.named_parameters():
             yield p
 
+    def named_buffers(self, prefix="", recurse=True):
+        """(qualified name, buffer) of this module's buffers (and its
+        sub-modules' when ``recurse``), each once; a None buffer is skipped."""
+        seen = set()
+        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mod_name, module in modules:
+            for name, b in module._buffers.items():
+                if b is not None and id(b) not in seen:
+                    seen.add(id(b))
+                    yield (f"{mod_name}.{name}" if mod_name else name), b
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def _state(self):
+        """Name -> parameter or persistent buffer, in torch's order (a module's
+        parameters, then its buffers, then its sub-modules')."""
+        out = OrderedDict()
+        for mod_name, module in self.named_modules():
+            prefix = f"{mod_name}." if mod_name else ""
+            for name, p in module._parameters.items():
+                if p is not None:
+                    out.setdefault(prefix + name, p)
+            for name, b in module._buffers.items():
+                if b is not None and name not in module._non_persistent_buffers_set:
+                    out.setdefault(prefix + name, b)
+        return out
+
     def zero_grad(self, set_to_none=True):
         for p in self.parameters():
             if set_to_none:
@@ -92,11 +158,12 @@ class Module:
                 p.grad._data[...] = 0
 
     def state_dict(self):
-        """Name -> detached Tensor sharing the parameter's storage."""
-        return OrderedDict((name, p.detach()) for name, p in self.named_parameters())
+        """Name -> detached Tensor sharing the storage of a parameter or a
+        persistent buffer."""
+        return OrderedDict((name, p.detach()) for name, p in self._state().items())
 
     def load_state_dict(self, state_dict, strict=True):
-        own = dict(self.named_parameters())
+        own = self._state()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
