@@ -10,7 +10,8 @@
    and ``released`` to True on each, as it goes. Slots are read at the offsets
    the descriptors give (PyMemberDef: public API): each value must be exactly of
    the descriptors' class and each held tensor an instance of the inner one's,
-   else TypeError, and a slot that is unset is an AttributeError, as in Python.
+   else TypeError, and a slot that is unset is an AttributeError, as in Python;
+   a released value (its array None) is a LookupError.
    Each value is read, then released, in turn (as the reference loop does): on an
    error the values before it are released. What the releases let go of is
    dropped after the loop, so no finalizer runs inside it. */
@@ -113,6 +114,10 @@ static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kwds)
         }
         if (array == NULL) {
             unset(sv, "its array");
+            goto finish;
+        }
+        if (array == Py_None) {     /* (released: another thread's backward freed it) */
+            PyErr_SetString(PyExc_LookupError, "Reader: a released value");
             goto finish;
         }
         arrays[done] = Py_NewRef(array);

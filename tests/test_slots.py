@@ -126,3 +126,12 @@ def test_off_by_the_environment(monkeypatch):
         assert slots.reader(SavedVariable._tensor, SavedVariable._data,
                             SavedVariable.released, TensorBase._data) is None
         assert slots.SLOTS.status() == "python: disabled by CA_C_SLOTS=0"
+
+
+def test_a_value_released_since_its_collection_fails_as_eager(path):
+    """Another thread's backward may release a value between this backward's
+    collection and its hand-over: eager's message, never a None array."""
+    loss, saved = _saved_values()
+    saved[1].release()
+    with pytest.raises(RuntimeError, match="Specify retain_graph=True"):
+        SavedVariable.arrays(saved, True)

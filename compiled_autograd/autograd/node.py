@@ -570,9 +570,14 @@ class SavedVariable:
                                         SavedVariable.released, TensorBase._data))
         read = _reader[0]
         if read is not None:
-            return read(saved, release)
+            try:
+                return read(saved, release)
+            except LookupError:     # (released since it was collected: another thread)
+                raise RuntimeError(SECOND_BACKWARD_MSG) from None
         arrays = []
         for sv in saved:        # (each read, then released, in turn)
+            if sv.released:
+                raise RuntimeError(SECOND_BACKWARD_MSG)
             arrays.append(plain_array(sv))
             if release:
                 sv._tensor = sv._data = None
