@@ -15,6 +15,10 @@ gradients are dropped between steps (``p.grad = None``, untimed).
 - "fresh": new leaf tensors every step, from the same arrays (a numpy user who
   keeps the weights as arrays and wraps them each step); wrapping is not timed.
 
+At 1 thread two more processes run only eager steps, one of them after a compiled
+backward: the forward in a process that never used compiled autograd beside the
+forward after its first use.
+
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
 and fresh parameters. For the large MLP the step is set beside its floor: the
@@ -197,7 +201,7 @@ def measure_case(case, reps, modes):
     """Medians of forward, backward and step per mode and parameter kind, the modes
     interleaved step by step."""
     out = {}
-    for fresh in (False, True):
+    for fresh in (False, True) if len(modes) > 1 else (False,):
         runners = {m: _runner(m, case, fresh) for m in modes}
         times = {m: [] for m in modes}
         for i in range(reps + 5):
@@ -212,7 +216,7 @@ def measure_case(case, reps, modes):
             st = statistics.median(t[0] + t[1] for t in times[m])
             out[f"{kind}:{m}"] = {"forward": fw, "backward": bw, "step": st,
                                   "nodes": runners[m][1]}
-    if case == "large_mlp" and "c" in modes:
+    if case == "large_mlp" and "c" in modes and "torch" in modes:
         out["floor"] = _step_floor(case, reps)
     return out
 
@@ -240,7 +244,7 @@ def _step_floor(case, reps):
     return {"backward gemms": backward_once(n), "forward gemms": forward_once(n)}
 
 
-def worker(reps, cases):
+def worker(reps, cases, eager_only=None):
     try:
         import torch
         torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
@@ -248,6 +252,13 @@ def worker(reps, cases):
         modes = MODES
     except ImportError:
         modes = MODES[1:]
+    if eager_only:      # only eager steps, after one compiled backward or none
+        modes = ("eager",)
+        if eager_only == "after-use":
+            import compiled_autograd as ca
+            x = ca.tensor([1.0, 2.0], requires_grad=True)
+            with ca.compiled_backward(backend="c"):
+                (x * x).sum().backward()
     results = {}
     for case in cases:
         n = max(5, reps // 10) if case in ("large_mlp", "transformer") else reps
@@ -261,7 +272,7 @@ def _fmt(seconds):
     return f"{seconds * 1e3:.2f}ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f}us"
 
 
-def report(results, threads):
+def report(results, threads, eager_only=None):
     print(f"\nthreads: {threads}")
     for kind in ("reused", "fresh"):
         print(f"parameters {kind}: step (forward + backward), medians")
@@ -296,6 +307,15 @@ def report(results, threads):
         tc = (f"{_fmt(t['backward']):>14}{_fmt(row['fresh:torch']['backward']):>13}" if t
               else f"{'-':>14}{'-':>13}")
         print(f"{case:<17}{_fmt(r):>10}{_fmt(f):>10}{f / r:>14.2f}{tc}")
+    if eager_only:
+        never, after = eager_only
+        print("eager steps only: the forward in a process that never used compiled "
+              "autograd, and in one that ran a compiled backward first")
+        print(f"{'case':<17}{'never used':>12}{'after use':>12}{'ratio':>7}")
+        for case in results:
+            a = never[case]["reused:eager"]["forward"]
+            b = after[case]["reused:eager"]["forward"]
+            print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
     for case, row in results.items():
         if "floor" in row:
             fl = row["floor"]
@@ -312,13 +332,15 @@ def main():
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--threads", default="1,default")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--eager-only", choices=["never-used", "after-use"],
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
     if args.worker:
-        print(json.dumps(worker(args.reps, cases)))
+        print(json.dumps(worker(args.reps, cases, args.eager_only)))
         return
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -333,12 +355,16 @@ def main():
         if threads == "1":
             env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                        CA_BENCH_THREADS="1")
-        proc = subprocess.run([sys.executable, __file__, "--worker", "--reps", str(args.reps),
-                               "--cases", ",".join(cases)], env=env, capture_output=True,
-                              text=True)
-        if proc.returncode:
-            sys.exit(f"worker failed ({threads} thread):\n{proc.stderr}")
-        report(json.loads(proc.stdout.strip().splitlines()[-1]), threads)
+        runs = []
+        extras = ([], ["--eager-only", "never-used"], ["--eager-only", "after-use"])
+        for extra in extras if threads == "1" else ([],):
+            proc = subprocess.run([sys.executable, __file__, "--worker", "--reps",
+                                   str(args.reps), "--cases", ",".join(cases)] + extra,
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode:
+                sys.exit(f"worker failed ({threads} thread):\n{proc.stderr}")
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        report(runs[0], threads, runs[1:] if len(runs) > 1 else None)
 
 
 if __name__ == "__main__":

@@ -179,7 +179,12 @@ def _linear_meta(x, w, b=None):
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
     gradient comes out in w's own layout (no transposed copy)."""
-    out = np.matmul(x, w.T)
+    if x.ndim > 2 and x.flags.c_contiguous:
+        # One GEMM over the flattened leading dims, not one per batch element
+        # (what np.matmul does for a stack); the same sums, so the same bits.
+        out = np.matmul(x.reshape(-1, x.shape[-1]), w.T).reshape(x.shape[:-1] + (w.shape[0],))
+    else:
+        out = np.matmul(x, w.T)
     if b is not None:
         out += b
     return as_array(out)
