@@ -32,6 +32,7 @@ LAYERS = (
     "compiled_autograd.planning",    # what to recompute for a memory budget (ca.memory.plan_checkpoints)
     "compiled_autograd.nn",
     "compiled_autograd.utils",
+    "compiled_autograd.optim",       # ca.optim: optimizers, schedulers, in_backward
     "compiled_autograd",             # the public facade (ca.*)
     "compiled_autograd.examples",
     "compiled_autograd.demo",
