@@ -63,9 +63,10 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
     total = total_norm._data if isinstance(total_norm, Tensor) else np.asarray(total_norm)
     coef = np.minimum(np.asarray(max_norm, dtype=total.dtype) / (total + total.dtype.type(1e-6)),
                       total.dtype.type(1.0))
-    for g in grads:
-        g._data *= coef.astype(g.dtype)
-        g._version_counter.bump()
+    with np.errstate(invalid="ignore"):   # (a non-finite norm scales to nan, as torch)
+        for g in grads:
+            g._data *= coef.astype(g.dtype)
+            g._version_counter.bump()
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False,
