@@ -46,8 +46,11 @@ def lerp_(start, end, weight, tmp):
 
 def addcmul_(out, a, b, value, tmp):
     """``out += value * a * b``."""
-    np.multiply(a, value, out=tmp)
-    tmp *= b
+    if value == 1:
+        np.multiply(a, b, out=tmp)
+    else:
+        np.multiply(a, value, out=tmp)
+        tmp *= b
     out += tmp
 
 
@@ -60,6 +63,11 @@ def addcdiv_(out, a, b, value, tmp):
 
 
 def add_scaled_(out, a, alpha, tmp):
-    """``out += alpha * a``."""
-    np.multiply(a, alpha, out=tmp)
-    out += tmp
+    """``out += alpha * a`` (one pass when ``alpha`` is 1 or -1)."""
+    if alpha == 1:
+        out += a
+    elif alpha == -1:
+        out -= a
+    else:
+        np.multiply(a, alpha, out=tmp)
+        out += tmp

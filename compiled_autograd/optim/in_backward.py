@@ -27,7 +27,6 @@ What the wrapped optimizer does:
 """
 from __future__ import annotations
 
-from compiled_autograd.autograd.grad_mode import no_grad
 from compiled_autograd.optim.optimizer import Optimizer
 
 
@@ -59,8 +58,7 @@ class OptimizerInBackward(Optimizer):
     def _update_hook(self, param):
         """Run when ``param.grad`` is final: update ``param``, free its gradient."""
         group = self.param_groups[self._group_of[id(param)]]
-        with no_grad():
-            self.optimizer._step_param(param, group)
+        self.optimizer._step_param(param, group)   # (numpy in place: nothing to record)
         param.grad = None
         self._opt_called = True   # (a scheduler's order check: the step happened)
 

@@ -37,16 +37,23 @@ class Scratch:
 
     def __init__(self):
         self._buffers = {}
+        self._views = {}     # (dtype, shape, i) -> the view, made once
 
     def get(self, like: np.ndarray, i: int) -> np.ndarray:
         """Temporary ``i`` (0 or 1) viewed with ``like``'s shape and dtype."""
+        view = self._views.get((like.dtype, like.shape, i))
+        if view is not None:
+            return view
         key = (like.dtype, i)
         buf = self._buffers.get(key)
         if buf is None or buf.size < like.size:
             buf = np.empty(like.size, dtype=like.dtype)
             on_array(buf, "optimizer scratch", "temporary")
             self._buffers[key] = buf
-        return buf[:like.size].reshape(like.shape)
+            self._views = {k: v for k, v in self._views.items() if k[0] != like.dtype or
+                           k[2] != i}
+        view = self._views[(like.dtype, like.shape, i)] = buf[:like.size].reshape(like.shape)
+        return view
 
 
 def state_tensor(arr: np.ndarray) -> Tensor:
@@ -181,8 +188,9 @@ class Optimizer:
     def _step_param(self, p, group):
         """Update ``p`` from ``p.grad`` by the rule of ``group`` (in place)."""
         grad = p.grad
-        state = self.state[p] if p in self.state else {}
+        state = self.state.get(p)
         if not state:
+            state = {}
             self._init_state(p, group, state)
         g = grad._data
         if g.dtype != p._data.dtype or g.shape != p._data.shape:

@@ -1,0 +1,131 @@
+"""Optimizer cost: ca.optim's step against torch.optim's foreach step on the same
+model, one thread, side by side in one run; then a training step whose backward is
+compiled with the update inside (``ca.optim.in_backward``) against the same backward
+followed by ``step()``. Medians of many repetitions. Prints two tables.
+
+    python benchmarks/optim.py [--reps N] [--backends eager,python,c]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")        # (before numpy and torch load)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import compiled_autograd as ca  # noqa: E402
+from compiled_autograd.examples import build  # noqa: E402
+
+try:
+    import torch
+    torch.set_num_threads(1)
+except ImportError:
+    torch = None
+
+OPTIMIZERS = [("SGD", dict(lr=0.01, momentum=0.9)),
+              ("SGD", dict(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+              ("Adam", dict(lr=1e-3)),
+              ("Adam", dict(lr=1e-3, amsgrad=True, weight_decay=1e-4)),
+              ("AdamW", dict(lr=1e-3)),
+              ("RMSprop", dict(lr=1e-3, momentum=0.9, centered=True)),
+              ("Adagrad", dict(lr=1e-2))]
+MODELS = [("mlp 8x64", dict(layers=8, width=64, batch=32)),
+          ("mlp 6x256", dict(layers=6, width=256, batch=32))]
+
+
+def _median(fn, reps, warmup=5):
+    times = []
+    for i in range(warmup + reps):
+        start = time.perf_counter()
+        fn()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _label(name, kwargs):
+    opts = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "lr")
+    return f"{name}({opts})" if opts else name
+
+
+def step_table(reps):
+    rows = []
+    for model_name, sizes in MODELS:
+        ex = build("mlp", **sizes)
+        params = ex.parameters()
+        ex.loss().backward()                       # every parameter has a gradient
+        for name, kwargs in OPTIMIZERS:
+            opt = getattr(ca.optim, name)(params, **kwargs)
+            ours = _median(opt.step, reps)
+            theirs = None
+            if torch is not None:
+                tp = [torch.nn.Parameter(torch.from_numpy(p.detach().numpy().copy()))
+                      for p in params]
+                for t, p in zip(tp, params):
+                    t.grad = torch.from_numpy(p.grad.numpy().copy())
+                topt = getattr(torch.optim, name)(tp, foreach=True, **kwargs)
+                theirs = _median(topt.step, reps)
+            rows.append((model_name, _label(name, kwargs), ours, theirs))
+    print(f"optimizer step, one thread ({len(params)} parameters per model), median of {reps}")
+    print(f"{'model':<10} {'optimizer':<52} {'ca (us)':>9} {'torch foreach (us)':>19} "
+          f"{'ca/torch':>9}")
+    for model_name, label, ours, theirs in rows:
+        ratio = f"{ours / theirs:9.2f}" if theirs else f"{'-':>9}"
+        t = f"{theirs * 1e6:19.1f}" if theirs else f"{'-':>19}"
+        print(f"{model_name:<10} {label:<52} {ours * 1e6:9.1f} {t} {ratio}")
+
+
+def train_table(reps, backends):
+    print(f"\ntraining step (the forward not timed): the update inside the backward "
+          f"(in_backward) against backward + step(); median of {reps}")
+    print(f"{'backend':<8} {'model':<10} {'optimizer':<20} {'backward+step (us)':>19} "
+          f"{'in_backward (us)':>17} {'ratio':>7}")
+    for backend, (model_name, sizes) in ((b, m) for b in backends for m in MODELS):
+        for name, kwargs in (("SGD", dict(lr=0.01, momentum=0.9)), ("Adam", dict(lr=1e-3))):
+            times = []
+            for wrapped in (False, True):
+                ex = build("mlp", **sizes)
+                opt = getattr(ca.optim, name)(ex.parameters(), **kwargs)
+                if wrapped:
+                    opt = ca.optim.in_backward(opt)
+                ctx = (contextlib.nullcontext() if backend == "eager"
+                       else ca.compiled_backward(backend=backend))
+
+                def step():
+                    loss = ex.loss()                    # (the forward is not timed)
+                    start = time.perf_counter()
+                    with ctx:
+                        loss.backward()
+                    opt.step()
+                    elapsed = time.perf_counter() - start
+                    opt.zero_grad()
+                    return elapsed
+                for _ in range(5):
+                    step()
+                times.append(statistics.median(step() for _ in range(reps)))
+            print(f"{backend:<8} {model_name:<10} {_label(name, kwargs):<20} {times[0] * 1e6:19.1f} "
+                  f"{times[1] * 1e6:17.1f} {times[1] / times[0]:7.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--backends", default="eager,python,c",
+                        help="comma-separated backends of the second table")
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or ''}"
+          f" python {platform.python_version()}, numpy {np.__version__}"
+          + (f", torch {torch.__version__}" if torch is not None else ", no torch"))
+    step_table(args.reps)
+    train_table(args.reps, args.backends.split(","))
+
+
+if __name__ == "__main__":
+    main()
