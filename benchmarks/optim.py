@@ -1,7 +1,8 @@
 """Optimizer cost: ca.optim's step against torch.optim's foreach step on the same
-model, one thread, side by side in one run; then a training step whose backward is
-compiled with the update inside (``ca.optim.in_backward``) against the same backward
-followed by ``step()``. Medians of many repetitions. Prints two tables.
+model, one thread, side by side in one run; then a training step with the update
+inside the backward (``ca.optim.in_backward``) against the same backward followed by
+``step()``, on each backend: its time (medians of many repetitions) and its peak
+memory (``ca.memory.profile``). Prints three tables.
 
     python benchmarks/optim.py [--reps N] [--backends eager,python,c]
 """
@@ -114,6 +115,40 @@ def train_table(reps, backends):
                   f"{times[1] * 1e6:17.1f} {times[1] / times[0]:7.2f}")
 
 
+def _step_peak(backend, wrapped, batch):
+    ex = build("mlp", layers=6, width=256, batch=batch)
+    opt = ca.optim.SGD(ex.parameters(), lr=1e-3, momentum=0.9)
+    if wrapped:
+        opt = ca.optim.in_backward(opt)
+    ctx = (contextlib.nullcontext() if backend == "eager"
+           else ca.compiled_backward(backend=backend))
+
+    def step():
+        opt.zero_grad()
+        loss = ex.loss()
+        with ctx:
+            loss.backward()
+        opt.step()
+    step()                      # (the state made, the backward compiled)
+    with ca.memory.profile(tracemalloc_witness=False) as prof:
+        step()
+    return prof.peak_bytes, sum(p.numel() * p.dtype.itemsize for p in ex.parameters())
+
+
+def memory_table(backends):
+    print("\npeak of a training step (forward + backward + step, ca.memory.profile), mlp "
+          "6x256, SGD(momentum=0.9)")
+    print(f"{'backend':<8} {'batch':>5} {'backward+step':>14} {'in_backward':>12} "
+          f"{'drop':>10} {'grads - largest':>16}")
+    for backend in backends:
+        for batch in (8, 32):
+            plain, grads = _step_peak(backend, False, batch)
+            inside, _ = _step_peak(backend, True, batch)
+            largest = (256 * 256 + 256) * 4
+            print(f"{backend:<8} {batch:>5} {plain:>14,d} {inside:>12,d} {plain - inside:>10,d} "
+                  f"{grads - largest:>16,d}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200)
@@ -125,6 +160,7 @@ def main():
           + (f", torch {torch.__version__}" if torch is not None else ", no torch"))
     step_table(args.reps)
     train_table(args.reps, args.backends.split(","))
+    memory_table(args.backends.split(","))
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def _step_peak(backend, wrapped, batch):
     return prof.peak_bytes, sum(p.numel() * 4 for p in ex.parameters())
 
 
-@pytest.mark.parametrize("backend", ["eager", "python"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_peak_of_a_step_falls(backend):
     """6 x 256x256 MLP, batch 8: the peak falls by at least the gradients' size minus
     the largest one (1.3 MB). (At batch 32 the activations still alive early in the
