@@ -373,3 +373,64 @@ def test_add_param_group_and_errors():
     with pytest.warns(UserWarning, match="duplicate parameters"):
         ca.optim.SGD([a, a], lr=0.1)
     assert "Parameter Group 1" in repr(opt) and "lr: 0.5" in repr(opt)
+
+
+# Ported from torch's test/test_optim.py (the parts that apply to a CPU numpy library).
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+def test_step_is_noop_when_params_have_no_grad(name):
+    params = [ca.nn.Parameter(np.ones((2, 3), np.float32)) for _ in range(2)]
+    opt = getattr(ca.optim, name)(params, lr=0.1)
+    before = {k: dict(v) for k, v in opt.state.items()}
+    opt.step()
+    for p in params:
+        np.testing.assert_array_equal(p.detach().numpy(), np.ones((2, 3)))
+    assert {k: dict(v) for k, v in opt.state.items()} == before
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+def test_step_is_noop_for_zero_grads(name):
+    """With zero gradients and no weight decay, no parameter moves (torch's
+    test_step_is_noop_for_zero_grads, for the options that keep it so)."""
+    params = [ca.nn.Parameter(np.full((2, 3), 0.5, np.float32))]
+    opt = getattr(ca.optim, name)(params, lr=0.1, **({"weight_decay": 0.0}
+                                                     if name == "AdamW" else {}))
+    for _ in range(3):
+        params[0].grad = ca.zeros(2, 3)
+        opt.step()
+    np.testing.assert_array_equal(params[0].detach().numpy(), np.full((2, 3), 0.5))
+
+
+@pytest.mark.parametrize("name,kwargs,missing", [("Adam", dict(lr=0.01), "maximize"),
+                                                 ("SGD", dict(lr=0.1, momentum=0.9),
+                                                  "nesterov"),
+                                                 ("RMSprop", dict(lr=0.01), "centered")])
+def test_can_load_older_state_dict(name, kwargs, missing):
+    """A state_dict saved before an option existed (torch's
+    test_can_load_older_state_dict): the option takes its default; a step saved as
+    a number becomes the float32 tensor."""
+    d = _data()
+    params = _ca_params(d)
+    opt = getattr(ca.optim, name)(params, **kwargs)
+    _run(opt, params, d, 2)
+    old = pickle.loads(pickle.dumps(opt.state_dict()))
+    for group in old["param_groups"]:
+        del group[missing]
+    for st in old["state"].values():
+        if "step" in st:
+            st["step"] = float(st["step"].item())
+    opt2 = getattr(ca.optim, name)(params, **kwargs)
+    opt2.load_state_dict(old)
+    assert opt2.param_groups[0][missing] == opt.defaults[missing]
+    _run(opt2, params, d, 1)
+    for st in opt2.state.values():
+        if "step" in st:
+            assert st["step"].dtype == np.float32 and st["step"].item() == 3.0
+
+
+def test_optimizer_can_be_printed():
+    params = [ca.nn.Parameter(np.ones(2, np.float32))]
+    text = repr(ca.optim.Adam(params, lr=0.5))
+    assert text.startswith("Adam (\nParameter Group 0\n") and "    lr: 0.5\n" in text
+    assert repr(ca.optim.in_backward(ca.optim.SGD(params, lr=0.1))).startswith(
+        "in_backward(SGD (")

@@ -250,6 +250,8 @@ class Optimizer:
             new["params"] = group["params"]
             if "param_names" in group and "param_names" not in new:
                 new["param_names"] = group["param_names"]
+            for key, default in self.defaults.items():   # an older state_dict (torch's
+                new.setdefault(key, default)              # __setstate__ does the same)
         self.state = state
         self.param_groups[:] = saved_groups
 
@@ -257,9 +259,9 @@ class Optimizer:
 def _cast(param, key, value):
     """A copy of a loaded state value: a tensor of the parameter's dtype (the step
     count stays float32), anything else deep-copied."""
+    if key == "step":   # (a number in torch's older state_dicts)
+        return step_state(float(value._data if isinstance(value, Tensor) else value))
     if not isinstance(value, Tensor):
         return copy.deepcopy(value)
-    if key == "step":
-        return step_state(float(value._data))
     dtype = param.dtype if value.dtype.kind == "f" else value.dtype
     return state_tensor(np.array(value._data, dtype=dtype, order="C", copy=True))
