@@ -41,14 +41,22 @@ MODELS = [("mlp 8x64", dict(layers=8, width=64, batch=32)),
           ("mlp 6x256", dict(layers=6, width=256, batch=32))]
 
 
-def _median(fn, reps, warmup=5):
-    times = []
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _paired_medians(fns, reps, warmup=5):
+    """Median time of each of ``fns``, run in turn within every repetition, so that
+    the machine's load (shared here) falls on all of them alike."""
+    times = [[] for _ in fns]
     for i in range(warmup + reps):
-        start = time.perf_counter()
-        fn()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in zip(fns, times):
+            t = _timed(fn)
+            if i >= warmup:
+                out.append(t)
+    return [statistics.median(t) for t in times]
 
 
 def _label(name, kwargs):
@@ -64,7 +72,6 @@ def step_table(reps):
         ex.loss().backward()                       # every parameter has a gradient
         for name, kwargs in OPTIMIZERS:
             opt = getattr(ca.optim, name)(params, **kwargs)
-            ours = _median(opt.step, reps)
             theirs = None
             if torch is not None:
                 tp = [torch.nn.Parameter(torch.from_numpy(p.detach().numpy().copy()))
@@ -72,15 +79,39 @@ def step_table(reps):
                 for t, p in zip(tp, params):
                     t.grad = torch.from_numpy(p.grad.numpy().copy())
                 topt = getattr(torch.optim, name)(tp, foreach=True, **kwargs)
-                theirs = _median(topt.step, reps)
-            rows.append((model_name, _label(name, kwargs), ours, theirs))
-    print(f"optimizer step, one thread ({len(params)} parameters per model), median of {reps}")
-    print(f"{'model':<10} {'optimizer':<52} {'ca (us)':>9} {'torch foreach (us)':>19} "
+                ours, theirs = _paired_medians([opt.step, topt.step], reps)
+            else:
+                (ours,) = _paired_medians([opt.step], reps)
+            rows.append((f"{model_name} ({len(params)})", _label(name, kwargs), ours, theirs))
+    print(f"optimizer step, one thread (model (parameter tensors)), median of {reps}")
+    print(f"{'model':<15} {'optimizer':<52} {'ca (us)':>9} {'torch foreach (us)':>19} "
           f"{'ca/torch':>9}")
     for model_name, label, ours, theirs in rows:
         ratio = f"{ours / theirs:9.2f}" if theirs else f"{'-':>9}"
         t = f"{theirs * 1e6:19.1f}" if theirs else f"{'-':>19}"
-        print(f"{model_name:<10} {label:<52} {ours * 1e6:9.1f} {t} {ratio}")
+        print(f"{model_name:<15} {label:<52} {ours * 1e6:9.1f} {t} {ratio}")
+
+
+def _train_step(backend, sizes, name, kwargs, wrapped):
+    """A function running one training step; returns the time of backward + step
+    (the forward is not timed)."""
+    ex = build("mlp", **sizes)
+    opt = getattr(ca.optim, name)(ex.parameters(), **kwargs)
+    if wrapped:
+        opt = ca.optim.in_backward(opt)
+    ctx = (contextlib.nullcontext() if backend == "eager"
+           else ca.compiled_backward(backend=backend))
+
+    def step():
+        loss = ex.loss()
+        start = time.perf_counter()
+        with ctx:
+            loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - start
+        opt.zero_grad()
+        return elapsed
+    return step
 
 
 def train_table(reps, backends):
@@ -90,27 +121,14 @@ def train_table(reps, backends):
           f"{'in_backward (us)':>17} {'ratio':>7}")
     for backend, (model_name, sizes) in ((b, m) for b in backends for m in MODELS):
         for name, kwargs in (("SGD", dict(lr=0.01, momentum=0.9)), ("Adam", dict(lr=1e-3))):
-            times = []
-            for wrapped in (False, True):
-                ex = build("mlp", **sizes)
-                opt = getattr(ca.optim, name)(ex.parameters(), **kwargs)
-                if wrapped:
-                    opt = ca.optim.in_backward(opt)
-                ctx = (contextlib.nullcontext() if backend == "eager"
-                       else ca.compiled_backward(backend=backend))
-
-                def step():
-                    loss = ex.loss()                    # (the forward is not timed)
-                    start = time.perf_counter()
-                    with ctx:
-                        loss.backward()
-                    opt.step()
-                    elapsed = time.perf_counter() - start
-                    opt.zero_grad()
-                    return elapsed
-                for _ in range(5):
-                    step()
-                times.append(statistics.median(step() for _ in range(reps)))
+            steps = [_train_step(backend, sizes, name, kwargs, w) for w in (False, True)]
+            times = [[], []]
+            for i in range(5 + reps):         # the two in turn (see _paired_medians)
+                for step, out in zip(steps, times):
+                    t = step()
+                    if i >= 5:
+                        out.append(t)
+            times = [statistics.median(t) for t in times]
             print(f"{backend:<8} {model_name:<10} {_label(name, kwargs):<20} {times[0] * 1e6:19.1f} "
                   f"{times[1] * 1e6:17.1f} {times[1] / times[0]:7.2f}")
 
