@@ -434,3 +434,32 @@ def test_optimizer_can_be_printed():
     assert text.startswith("Adam (\nParameter Group 0\n") and "    lr: 0.5\n" in text
     assert repr(ca.optim.in_backward(ca.optim.SGD(params, lr=0.1))).startswith(
         "in_backward(SGD (")
+
+
+@needs_torch
+@pytest.mark.parametrize("sched", [("StepLR", dict(step_size=3, gamma=0.5)),
+                                   ("MultiStepLR", dict(milestones=[2, 9], gamma=0.3)),
+                                   ("ExponentialLR", dict(gamma=0.8)),
+                                   ("CosineAnnealingLR", dict(T_max=6, eta_min=0.01)),
+                                   ("LinearLR", dict(start_factor=0.5, total_iters=7))],
+                         ids=lambda s: s[0])
+def test_resumed_scheduler_follows_torch(sched):
+    """A scheduler made with ``last_epoch=k`` (resuming) and ``step(epoch)`` (the
+    closed form), as torch's."""
+    d = _data()
+    lrs = []
+    for lib, params in ((ca, _ca_params(d)), (torch, _torch_params(d))):
+        opt = lib.optim.SGD(params, lr=0.1)
+        for group in opt.param_groups:
+            group["initial_lr"] = 0.2
+        s = getattr(lib.optim.lr_scheduler, sched[0])(opt, last_epoch=4, **sched[1])
+        seen = [s.get_last_lr()[0]]
+        for _ in range(12):
+            opt.step()
+            s.step()
+            seen.append(s.get_last_lr()[0])
+        with pytest.warns(UserWarning):
+            s.step(3)
+        seen.append(s.get_last_lr()[0])
+        lrs.append(seen)
+    np.testing.assert_allclose(lrs[0], lrs[1], rtol=1e-12)

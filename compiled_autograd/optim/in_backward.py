@@ -27,6 +27,8 @@ What the wrapped optimizer does:
 """
 from __future__ import annotations
 
+import threading
+
 from compiled_autograd.optim.optimizer import Optimizer
 
 
@@ -43,6 +45,9 @@ class OptimizerInBackward(Optimizer):
         self.param_groups = optimizer.param_groups   # the same list: schedulers see it
         self._handles = []
         self._group_of = {}
+        # Two threads' backwards may reach the hooks at once: the scratch buffers
+        # and the state are the optimizer's, one update at a time.
+        self._lock = threading.Lock()
         for index in range(len(self.param_groups)):
             self._hook_group(index)
 
@@ -58,8 +63,9 @@ class OptimizerInBackward(Optimizer):
     def _update_hook(self, param):
         """Run when ``param.grad`` is final: update ``param``, free its gradient."""
         group = self.param_groups[self._group_of[id(param)]]
-        self.optimizer._step_param(param, group)   # (numpy in place: nothing to record)
-        param.grad = None
+        with self._lock:
+            self.optimizer._step_param(param, group)   # (numpy in place: nothing to record)
+            param.grad = None
         self._opt_called = True   # (a scheduler's order check: the step happened)
 
     def step(self, closure=None):
