@@ -129,8 +129,8 @@ def train_table(reps, backends):
                     if i >= 5:
                         out.append(t)
             times = [statistics.median(t) for t in times]
-            print(f"{backend:<8} {model_name:<10} {_label(name, kwargs):<20} {times[0] * 1e6:19.1f} "
-                  f"{times[1] * 1e6:17.1f} {times[1] / times[0]:7.2f}")
+            print(f"{backend:<8} {model_name:<10} {_label(name, kwargs):<20} "
+                  f"{times[0] * 1e6:19.1f} {times[1] * 1e6:17.1f} {times[1] / times[0]:7.2f}")
 
 
 def _step_peak(backend, wrapped, batch):
