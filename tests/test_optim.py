@@ -463,3 +463,54 @@ def test_resumed_scheduler_follows_torch(sched):
         seen.append(s.get_last_lr()[0])
         lrs.append(seen)
     np.testing.assert_allclose(lrs[0], lrs[1], rtol=1e-12)
+
+
+@needs_torch
+def test_hooks_follow_torch():
+    """Step, state_dict and load_state_dict hooks: called as torch's, in the same
+    order (prepend), with the same arguments, and removable."""
+    logs = []
+    for lib in (ca, torch):
+        d = _data()
+        params = _ca_params(d) if lib is ca else _torch_params(d)
+        opt = lib.optim.SGD(params, lr=0.1, momentum=0.9)
+        log = []
+
+        def pre(o, args, kwargs):
+            log.append(("pre", len(args), sorted(kwargs)))
+            if kwargs.get("closure") is None:
+                return args, {"closure": lambda: 5.0}
+
+        opt.register_step_pre_hook(pre)
+        h = opt.register_step_post_hook(lambda o, a, k: log.append(("post", len(a))))
+        for p in params:
+            p.grad = (ca.ones_like(p) if lib is ca else torch.ones_like(p))
+        log.append(("loss", opt.step()))
+        h.remove()
+        opt.step()
+        opt.register_state_dict_pre_hook(lambda o: log.append("sd pre a"))
+        opt.register_state_dict_pre_hook(lambda o: log.append("sd pre b"), prepend=True)
+        opt.register_state_dict_post_hook(lambda o, sd: dict(sd, extra=1))
+        sd = opt.state_dict()
+        log.append(("extra", sd["extra"]))
+        opt.register_load_state_dict_pre_hook(
+            lambda o, sd: log.append(("load pre", sorted(sd))) or
+            {k: v for k, v in sd.items() if k != "extra"})
+        opt.register_load_state_dict_post_hook(lambda o: log.append("load post"))
+        opt.load_state_dict(sd)
+        logs.append(log)
+    assert logs[0] == logs[1]
+    with pytest.raises(RuntimeError, match="must return None or a tuple"):
+        opt = ca.optim.SGD(_ca_params(_data()), lr=0.1)
+        opt.register_step_pre_hook(lambda o, a, k: 3)
+        opt.step()
+
+
+def test_in_backward_shares_hooks():
+    params = _ca_params(_data())
+    inner = ca.optim.SGD(params, lr=0.1)
+    opt = ca.optim.in_backward(inner)
+    seen = []
+    opt.register_step_post_hook(lambda o, a, k: seen.append(o))
+    opt.step()
+    assert seen == [inner]

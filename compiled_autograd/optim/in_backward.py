@@ -43,6 +43,10 @@ class OptimizerInBackward(Optimizer):
         self.optimizer = optimizer
         self.defaults = optimizer.defaults
         self.param_groups = optimizer.param_groups   # the same list: schedulers see it
+        for name in ("step_pre", "step_post", "state_dict_pre", "state_dict_post",
+                     "load_state_dict_pre", "load_state_dict_post"):
+            key = f"_optimizer_{name}_hooks"   # (the same hooks: registered on either)
+            setattr(self, key, getattr(optimizer, key))
         self._handles = []
         self._group_of = {}
         # Two threads' backwards may reach the hooks at once: the scratch buffers

@@ -20,6 +20,7 @@ from itertools import chain
 import numpy as np
 
 from compiled_autograd.autograd.grad_mode import enable_grad, no_grad
+from compiled_autograd.autograd.hooks import HookDict, RemovableHandle
 from compiled_autograd.autograd.tensor import Tensor
 from runtime.memory import on_array
 
@@ -81,6 +82,12 @@ class Optimizer:
         self.state = defaultdict(dict)
         self.param_groups = []
         self._scratch = Scratch()
+        self._optimizer_step_pre_hooks = HookDict()
+        self._optimizer_step_post_hooks = HookDict()
+        self._optimizer_state_dict_pre_hooks = HookDict()
+        self._optimizer_state_dict_post_hooks = HookDict()
+        self._optimizer_load_state_dict_pre_hooks = HookDict()
+        self._optimizer_load_state_dict_post_hooks = HookDict()
         param_groups = list(params)
         if len(param_groups) == 0:
             raise ValueError("optimizer got an empty parameter list")
@@ -171,9 +178,26 @@ class Optimizer:
                     g._data.fill(0)
                     g._version_counter.bump()
 
-    def step(self, closure=None):
+    def step(self, *args, **kwargs):
         """Update every parameter that has a gradient; ``closure`` (re-evaluating the
-        model, returning the loss) runs first, with grad enabled."""
+        model, returning the loss) runs first, with grad enabled. The step hooks run
+        around it, as torch's: ``pre(optimizer, args, kwargs)`` (``args`` start with
+        the optimizer) may return new ``(args, kwargs)``."""
+        args = (self,) + args
+        for hook in tuple(self._optimizer_step_pre_hooks.values()):
+            result = hook(self, args, kwargs)
+            if result is not None:
+                if isinstance(result, tuple) and len(result) == 2:
+                    args, kwargs = result
+                else:
+                    raise RuntimeError(f"{type(self).__name__}.step must return None or a "
+                                       f"tuple of (new_args, new_kwargs), but got {result}.")
+        loss = self._step(*args[1:], **kwargs)
+        for hook in tuple(self._optimizer_step_post_hooks.values()):
+            hook(self, args, kwargs)
+        return loss
+
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with enable_grad():
@@ -184,6 +208,44 @@ class Optimizer:
                     if p.grad is not None:
                         self._step_param(p, group)
         return loss
+
+    # ------------------------------------------------------------ hooks (torch's)
+
+    @staticmethod
+    def _register(hooks, hook, prepend=False):
+        handle = RemovableHandle(hooks)
+        if prepend:
+            rest = list(hooks.items())
+            hooks.clear()
+            hooks[handle.id] = hook
+            hooks.update(rest)
+        else:
+            hooks[handle.id] = hook
+        return handle
+
+    def register_step_pre_hook(self, hook):
+        """``hook(optimizer, args, kwargs) -> None or (args, kwargs)`` before ``step``."""
+        return self._register(self._optimizer_step_pre_hooks, hook)
+
+    def register_step_post_hook(self, hook):
+        """``hook(optimizer, args, kwargs)`` after ``step``."""
+        return self._register(self._optimizer_step_post_hooks, hook)
+
+    def register_state_dict_pre_hook(self, hook, prepend=False):
+        """``hook(optimizer)`` before ``state_dict`` builds the dict."""
+        return self._register(self._optimizer_state_dict_pre_hooks, hook, prepend)
+
+    def register_state_dict_post_hook(self, hook, prepend=False):
+        """``hook(optimizer, state_dict) -> None or a new state_dict``."""
+        return self._register(self._optimizer_state_dict_post_hooks, hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook, prepend=False):
+        """``hook(optimizer, state_dict) -> None or the state_dict to load``."""
+        return self._register(self._optimizer_load_state_dict_pre_hooks, hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook, prepend=False):
+        """``hook(optimizer)`` after ``load_state_dict``."""
+        return self._register(self._optimizer_load_state_dict_post_hooks, hook, prepend)
 
     def _step_param(self, p, group):
         """Update ``p`` from ``p.grad`` by the rule of ``group`` (in place)."""
@@ -213,6 +275,8 @@ class Optimizer:
     def state_dict(self):
         """``{'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}``:
         torch's format; the state's tensors are the optimizer's own (not copies)."""
+        for hook in tuple(self._optimizer_state_dict_pre_hooks.values()):
+            hook(self)
         mapping = {}
         start = 0
         groups = []
@@ -225,11 +289,21 @@ class Optimizer:
             groups.append(packed)
         state = {(mapping[id(k)] if isinstance(k, Tensor) else k): v
                  for k, v in self.state.items()}
-        return {"state": state, "param_groups": groups}
+        out = {"state": state, "param_groups": groups}
+        for hook in tuple(self._optimizer_state_dict_post_hooks.values()):
+            result = hook(self, out)
+            if result is not None:
+                out = result
+        return out
 
     def load_state_dict(self, state_dict):
         """Load a ``state_dict()`` (this optimizer's or another's of the same kind):
         the state is copied (unlike torch, which may share the loaded tensors)."""
+        state_dict = dict(state_dict)
+        for hook in tuple(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         groups = self.param_groups
         saved_groups = copy.deepcopy(state_dict["param_groups"])
         if len(groups) != len(saved_groups):
@@ -254,6 +328,8 @@ class Optimizer:
                 new.setdefault(key, default)              # __setstate__ does the same)
         self.state = state
         self.param_groups[:] = saved_groups
+        for hook in tuple(self._optimizer_load_state_dict_post_hooks.values()):
+            hook(self)
 
 
 def _cast(param, key, value):
