@@ -105,6 +105,11 @@ class CBackward:
         self._owned = [v.storage.kind == "out" and handed[v.storage] == 1
                        and v.storage.last <= step and whole
                        for (step, _, v), whole in zip(prog.accumulations, self._whole)]
+        # An output array nothing reads after its accumulation is dropped from the
+        # call's frame right after it: .grad then holds it alone, so a hook that
+        # takes .grad away (ca.optim.in_backward) frees it during the backward.
+        self._drop_after = [v.storage.kind == "out" and handed[v.storage] == 1
+                            and v.storage.last <= step for step, _, v in prog.accumulations]
         self._out_shapes = [s.shape if all(isinstance(d, int) for d in s.shape) else None
                             for s in prog.out_storages]
         late = {s for site in prog.sites for s in site.alloc}
@@ -246,6 +251,8 @@ class CBackward:
             frame.flushed += 1
             accumulate_into(frame.py[variable], self._resolve(frame, v, False, self._whole[k]),
                             owned=self._owned[k])
+            if self._drop_after[k]:
+                frame.outs[v.storage.index] = None
 
     def _allocate(self, frame, storages):
         """The output arrays of ``storages``, handed to C through ``out[]``."""

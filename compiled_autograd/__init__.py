@@ -14,7 +14,7 @@ from compiled_autograd.autograd.factory import (arange, cat, from_numpy, full, m
 from compiled_autograd.autograd.grad_mode import (enable_grad, is_grad_enabled, no_grad,
                                          set_grad_enabled)
 from compiled_autograd.autograd.random import get_rng_state, manual_seed, set_rng_state
-from compiled_autograd import autograd, memory, nn, utils  # noqa: E402
+from compiled_autograd import autograd, memory, nn, optim, utils  # noqa: E402
 from compiled_autograd.compiled.api import compiled_backward, trace_backward
 from compiled_autograd.compiled.backends import register_backend
 from compiled_autograd.compiled.cache import compiled_autograd_stats, reset_compiled_autograd
@@ -55,7 +55,7 @@ __all__ = [
     "Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like",
     "arange", "randn", "rand", "randint", "cat", "stack", "where", "maximum", "minimum", "pow",
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "manual_seed",
-    "get_rng_state", "set_rng_state", "autograd", "nn", "memory", "utils", "compiled_backward",
+    "get_rng_state", "set_rng_state", "autograd", "nn", "optim", "memory", "utils", "compiled_backward",
     "trace_backward", "compiled_autograd_stats", "reset_compiled_autograd", "register_backend",
     *_FUNCTIONS,
 ]

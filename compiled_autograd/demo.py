@@ -8,13 +8,6 @@ import compiled_autograd as ca
 from compiled_autograd.examples import build
 
 
-def _sgd_step(example, lr):
-    with ca.no_grad():
-        for p in example.parameters():
-            p.sub_(p.grad * lr)
-    example.zero_grad()
-
-
 def _finite_difference(example, param, index, eps=1e-6):
     flat = param._data.reshape(-1)
     orig = flat[index]
@@ -33,11 +26,13 @@ def run(steps=5, lr=0.1, checks=8, seed=0, out=print):
         f"{example.num_parameters()} parameters (float64)")
     out("")
     out("step   loss")
+    optimizer = ca.optim.SGD(example.parameters(), lr=lr)
     for step in range(steps):
         loss = example.loss()
         loss.backward()
         out(f"{step:>4}   {loss.item():.6f}")
-        _sgd_step(example, lr)
+        optimizer.step()
+        optimizer.zero_grad()
 
     loss = example.loss()
     loss.backward()

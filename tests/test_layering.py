@@ -33,6 +33,7 @@ LAYERS = (
     "compiled_autograd.distributed",  # the MPI process group, collectives, comm hooks (optional extra)
     "compiled_autograd.nn",
     "compiled_autograd.utils",
+    "compiled_autograd.optim",       # ca.optim: optimizers, schedulers, in_backward
     "compiled_autograd",             # the public facade (ca.*)
     "compiled_autograd.examples",
     "compiled_autograd.demo",

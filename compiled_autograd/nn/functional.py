@@ -11,6 +11,11 @@ from compiled_autograd.autograd.tensor_methods import _float
 from runtime.memory import on_array
 from runtime.prims import ops
 
+# The losses (Step 13): compositions of prims, in their own module.
+from compiled_autograd.nn.loss_functional import (  # noqa: F401  (ca.nn.functional.*)
+    binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, huber_loss,
+    l1_loss, logsigmoid, mse_loss, nll_loss, smooth_l1_loss)
+
 
 def linear(input, weight, bias=None):
     """``input @ weight.T + bias`` as one fused prim (torch's addmm)."""
@@ -90,52 +95,6 @@ def dropout(input, p=0.5, training=True, inplace=False):
 def embedding(input, weight):
     """Rows of ``weight`` at the integer indices ``input``."""
     return weight[input]
-
-
-def _reduce(loss, reduction):
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"{reduction} is not a valid value for reduction")
-
-
-def cross_entropy(input, target, reduction="mean", ignore_index=-100):
-    """Log-softmax over dim 1 and the negative log-likelihood of integer targets."""
-    if not isinstance(target, Tensor):
-        target = Tensor._make(np.asarray(target, dtype=np.int64))
-    if target.dtype.kind not in "iu":
-        raise RuntimeError(f"expected scalar type Long but found {target.dtype.name}")
-    class_dim = 1 if input.ndim > 1 else 0
-    logp = input.log_softmax(class_dim)
-    tgt = target._data
-    valid = tgt != ignore_index
-    n_classes = input.shape[class_dim]
-    safe = np.where(valid, tgt, 0)
-    if safe.size and (safe.max() >= n_classes or safe.min() < 0):
-        raise IndexError(f"Target {int(safe.max() if safe.max() >= n_classes else safe.min())} "
-                         f"is out of bounds.")
-    idx = Tensor._make(np.expand_dims(safe, class_dim).astype(np.int64))
-    picked = ops.gather(logp, idx, dim=class_dim).squeeze(class_dim)
-    loss = -picked
-    if not valid.all():
-        loss = loss * Tensor._make(valid.astype(loss.dtype))
-        if reduction == "mean":  # nan when every target is ignored, as torch
-            count = int(valid.sum())
-            return loss.sum() * (1.0 / count if count else float("nan"))
-    return _reduce(loss, reduction)
-
-
-def nll_loss(input, target, reduction="mean"):
-    idx = Tensor._make(np.expand_dims(np.asarray(target._data, np.int64), 1))
-    return _reduce(-ops.gather(input, idx, dim=1).squeeze(1), reduction)
-
-
-def mse_loss(input, target, reduction="mean"):
-    diff = input - target
-    return _reduce(diff * diff, reduction)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

@@ -1,0 +1,73 @@
+"""The pieces every update rule shares, on ndarrays, in place (torch's foreach order).
+
+``g`` is the parameter's gradient array and is never written; a modified gradient
+goes to scratch buffer 0, other temporaries to scratch buffer 1 (``Scratch``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Options torch's optimizers take that ca has no use for: accepted at their defaults
+# (so torch's param_groups and state_dicts load), refused when asked for.
+UNSUPPORTED = ("differentiable", "fused", "capturable")
+
+
+def check_unsupported(name, options):
+    for key in UNSUPPORTED:
+        if options.get(key):
+            raise RuntimeError(f"{name}: `{key}=True` is not supported by ca.optim "
+                               "(numpy arrays on the CPU; the foreach path is the only one)")
+
+
+def effective_grad(p, g, scratch, maximize, weight_decay):
+    """``-g`` if maximizing, plus ``weight_decay * p`` (torch's L2 penalty)."""
+    if maximize:
+        s = scratch.get(g, 0)
+        np.negative(g, out=s)
+        g = s
+    if weight_decay != 0:
+        s, t = scratch.get(g, 0), scratch.get(g, 1)
+        np.multiply(p, weight_decay, out=t)
+        np.add(g, t, out=s)
+        g = s
+    return g
+
+
+def lerp_(start, end, weight, tmp):
+    """``start.lerp_(end, weight)`` with torch's two-sided formula."""
+    np.subtract(end, start, out=tmp)
+    if abs(weight) < 0.5:
+        tmp *= weight
+        start += tmp
+    else:
+        tmp *= 1.0 - weight
+        np.subtract(end, tmp, out=start)
+
+
+def addcmul_(out, a, b, value, tmp):
+    """``out += value * a * b``."""
+    if value == 1:
+        np.multiply(a, b, out=tmp)
+    else:
+        np.multiply(a, value, out=tmp)
+        tmp *= b
+    out += tmp
+
+
+def addcdiv_(out, a, b, value, tmp):
+    """``out += value * (a / b)`` (``tmp`` may be ``a`` or ``b``)."""
+    np.divide(a, b, out=tmp)
+    if value != 1:
+        tmp *= value
+    out += tmp
+
+
+def add_scaled_(out, a, alpha, tmp):
+    """``out += alpha * a`` (one pass when ``alpha`` is 1 or -1)."""
+    if alpha == 1:
+        out += a
+    elif alpha == -1:
+        out -= a
+    else:
+        np.multiply(a, alpha, out=tmp)
+        out += tmp

@@ -1,0 +1,79 @@
+"""Adam and AdamW (torch's foreach rule, bias corrections in Python floats)."""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd.optim import _rules
+from compiled_autograd.optim.optimizer import Optimizer, step_state, zeros_state
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam: ``m.lerp_(g, 1 - beta1)``, ``v = beta2 v + (1 - beta2) g^2``,
+    ``p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)``; ``amsgrad``
+    keeps the running maximum of ``v``; ``decoupled_weight_decay`` is AdamW."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay)
+        _rules.check_unsupported(type(self).__name__, defaults)
+        super().__init__(params, defaults)
+
+    def _init_state(self, p, group, state):
+        state["step"] = step_state()
+        state["exp_avg"] = zeros_state(p)
+        state["exp_avg_sq"] = zeros_state(p)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = zeros_state(p)
+
+    def _update(self, p, g, state, group, scratch):
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        decoupled = group["decoupled_weight_decay"]
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], 0 if decoupled else wd)
+        step = state["step"]._data
+        step += 1
+        if wd != 0 and decoupled:
+            p *= 1 - lr * wd
+        m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
+        tmp = scratch.get(p, 1)
+        _rules.lerp_(m, g, 1 - beta1, tmp)
+        v *= beta2
+        _rules.addcmul_(v, g, g, 1 - beta2, tmp)
+        t = float(step)
+        step_size = (lr / (1 - beta1 ** t)) * -1
+        bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
+        if group["amsgrad"]:
+            mx = state["max_exp_avg_sq"]._data
+            np.maximum(mx, v, out=mx)
+            np.sqrt(mx, out=tmp)
+        else:
+            np.sqrt(v, out=tmp)
+        tmp /= bias_correction2_sqrt
+        tmp += eps
+        _rules.addcdiv_(p, m, tmp, step_size, tmp)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay (``p *= 1 - lr * wd``)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable,
+                         differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

@@ -1,0 +1,54 @@
+"""SGD with momentum, dampening, Nesterov, weight decay and maximize (torch's rule)."""
+from __future__ import annotations
+
+import numpy as np
+
+from compiled_autograd.optim import _rules
+from compiled_autograd.optim.optimizer import Optimizer, state_tensor
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: ``buf = momentum * buf + (1 - dampening) * g`` (``g`` on the
+    first step), ``g = g + momentum * buf`` if Nesterov else ``buf``, ``p -= lr * g``."""
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
+                 nesterov=False, *, maximize=False, foreach=None, differentiable=False,
+                 fused=None):
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
+                        foreach=foreach, differentiable=differentiable, fused=fused)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        _rules.check_unsupported("SGD", defaults)
+        super().__init__(params, defaults)
+
+    def _init_state(self, p, group, state):
+        pass   # the momentum buffer is the first step's gradient (torch)
+
+    def _update(self, p, g, state, group, scratch):
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], group["weight_decay"])
+        momentum = group["momentum"]
+        tmp = scratch.get(p, 1)
+        if momentum != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                state["momentum_buffer"] = state_tensor(np.array(g, order="C", copy=True))
+                b = state["momentum_buffer"]._data
+            else:
+                b = buf._data
+                b *= momentum
+                _rules.add_scaled_(b, g, 1 - group["dampening"], tmp)
+            if group["nesterov"]:
+                s = scratch.get(p, 0)
+                np.multiply(b, momentum, out=tmp)
+                np.add(g, tmp, out=s)
+                g = s
+            else:
+                g = b
+        _rules.add_scaled_(p, g, -group["lr"], tmp)
