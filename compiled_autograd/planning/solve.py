@@ -19,6 +19,7 @@ Two formulations, both judged by the same simulation (``simulate``):
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -30,7 +31,10 @@ from compiled_autograd.planning.simulate import needed_values, simulate
 PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisection
 PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
 PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
-REPAIR_ROUNDS = 4     # single-value flips tried when no prefix fits
+FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
+DESCENT_SIMULATIONS = 600   # plans the search for the lowest peak simulates, at most
+DESCENT_STARTS = 4    # plans it starts a descent from
+EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 
 
 class _Planner:
@@ -161,19 +165,106 @@ class _Planner:
         return self.sim(chosen)
 
     def repair(self, start):
-        """No prefix fits: from the lowest one, flip one value at a time (recompute
-        it, or keep it again), taking the flip that lowers the peak most, while
-        any does; then the cheapest fitting plan seen, or None."""
-        current = self.sim(start)
-        for _ in range(REPAIR_ROUNDS):
-            if current.peak <= self.budget:
-                break
-            flips = [self.sim(current.recompute ^ {v.index}) for v in self.values]
-            best = min(flips, key=lambda s: (s.peak, s.cost))
-            if best.peak >= current.peak:
-                break
-            current = best
-        return self.best(self.simulations.values())
+        """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
+        that fits among every plan; past them, the lowest plan found
+        (``lowest_plan``, from the lowest prefix too), pruned if it fits; else
+        None."""
+        if self.every(EXACT_DECISIONS):
+            return self.best(self.simulations.values())
+        low = self.lowest_plan(extra=(self.sim(start),))
+        return low if low.peak <= self.budget else None
+
+    def every(self, max_decisions) -> bool:
+        """Simulate every plan (each subset of the decisions), if there are at most
+        ``max_decisions`` decisions; whether it did."""
+        decisions = self.decisions()
+        if len(decisions) > max_decisions:
+            return False
+        for k in range(len(decisions) + 1):
+            for subset in itertools.combinations(decisions, k):
+                self.sim(subset)
+        return True
+
+    # ------------------------------------------------------------ the lowest peak
+
+    def decisions(self) -> list:
+        """The values a plan may recompute or keep, largest storage first: those
+        the backward needs when everything is recomputed."""
+        every = frozenset(v.index for v in self.values)
+        recompute, kept = needed_values(self.profile, every)
+        return sorted(recompute | kept, key=lambda i: (-self.values[i].nbytes, i))
+
+    def families(self) -> list:
+        """Plans that recompute every output of some kinds of prim (every linear
+        output; every GELU and LayerNorm output; ...): the layered structure
+        of a model, where a plan repeats per layer."""
+        kinds = sorted({self.values[i].prim for i in self.decisions()})
+        if len(kinds) <= FAMILY_KINDS:
+            sets = [c for k in range(1, len(kinds) + 1)
+                    for c in itertools.combinations(kinds, k)]
+        else:   # one kind, or every kind but one
+            sets = [(k,) for k in kinds] + [tuple(x for x in kinds if x != k) for k in kinds]
+        return [self.sim({v.index for v in self.values if v.prim in chosen})
+                for chosen in sets]
+
+    def lowest_plan(self, extra=()):
+        """The plan of the lowest predicted peak found (the cheapest among equal
+        peaks), independent of the budget: the best of the greedy order's
+        prefixes, the prim families, recomputing everything or nothing, then
+        improved one value at a time (a first-improvement descent over the
+        decisions, largest first) while a flip lowers the peak, or keeps it and
+        lowers the cost."""
+        order = self.greedy_order()
+        starts = [self.sim(frozenset(order[:k]))
+                  for k in _spread(list(range(len(order) + 1)), PREFIX_SAMPLES)]
+        starts += self.families() + [self.sim(frozenset(self.decisions()))] + list(extra)
+        decisions = self.decisions()
+        limit = DESCENT_SIMULATIONS + len(self.simulations)
+        # A descent from each of the lowest few starts (their plans differ in
+        # where along the layers they keep values), the best end wins.
+        ranked = sorted({s.recompute: s for s in starts}.values(), key=lambda s: (s.peak, s.cost))
+        best, visited = ranked[0], set()
+        for current in ranked[:DESCENT_STARTS]:
+            visited.add(current.recompute)
+            while len(self.simulations) < limit:
+                current, _ = self._improve(current, decisions, limit, visited)
+                if current is None:
+                    break
+                visited.add(current.recompute)
+                if (current.peak, current.cost) < (best.peak, best.cost):
+                    best = current
+        current = best
+        return self.prune(current.recompute) if current.peak <= self.budget else current
+
+    def _improve(self, current, decisions, limit, visited):
+        """(a plan one move from ``current``, how): the first better one (a lower
+        peak, or the same peak at a lower cost) one flip away (recompute a value,
+        or keep it), else one swap away (keep one recomputed value and recompute
+        one kept value); else a swap to a plan of the same peak not visited yet
+        (a plateau: a layered model's optimum is often two swaps away, through
+        a plan no better); else (None, None)."""
+        key = (current.peak, current.cost)
+        recompute = current.recompute
+        for i in decisions:
+            trial = self.sim(recompute ^ {i})
+            if (trial.peak, trial.cost) < key:
+                return trial, "flip"
+            if len(self.simulations) >= limit:
+                return None, None
+        inside = [i for i in decisions if i in recompute]
+        outside = [i for i in decisions if i not in recompute]
+        level = None
+        for i in inside:
+            for j in outside:
+                trial = self.sim((recompute - {i}) | {j})
+                if (trial.peak, trial.cost) < key:
+                    return trial, "swap"
+                if level is None and trial.peak == current.peak and \
+                        trial.recompute not in visited:
+                    level = trial
+                if len(self.simulations) >= limit:
+                    return None, None
+        return (level, "level") if level is not None else (None, None)
 
     # ------------------------------------------------------------ min-cut
 
@@ -219,6 +310,28 @@ def _spread(xs, n):
 
 
 FORMULATIONS = ("knapsack", "mincut")
+
+
+def every_plan(profile, max_decisions=EXACT_DECISIONS):
+    """Every plan of ``profile`` simulated (recompute set -> Simulation): each
+    subset of its decisions, those that need the same values counted once; None
+    past ``max_decisions`` decisions (2 ** n subsets). The exact answer the
+    planner is checked against (tests, benchmarks/planner.py)."""
+    planner = _Planner(profile, -1)
+    return planner.simulations if planner.every(max_decisions) else None
+
+
+def lowest(profile):
+    """(the simulation of the lowest plan, seconds), the same whatever the
+    budget: exact (``every_plan``) up to ``EXACT_DECISIONS`` decisions, else the
+    lowest the search finds (``_Planner.lowest_plan``)."""
+    start = time.perf_counter()
+    plans = every_plan(profile)
+    if plans is not None:
+        low = min(plans.values(), key=lambda s: (s.peak, s.cost))
+    else:
+        low = _Planner(profile, -1).lowest_plan()
+    return low, time.perf_counter() - start
 
 
 def solve(profile, budget_bytes, formulation="knapsack"):
