@@ -507,8 +507,6 @@ class SavedVariable:
                 f"at version {current}; expected version {self.saved_version} instead. "
                 "Hint: the backward of " + node_name + " needs this value; do the "
                 "in-place operation on a clone, or after the backward.")
-        if self.packed_kind == "recipe":
-            self.packed.check_backend()   # (a memory plan's backward runs where it was made)
 
     def unpack_array(self, node_name: str):
         """The saved value as an ndarray (the eager engine's fast path)."""

@@ -23,8 +23,9 @@ the tracer of a compiled backward turns it into prim nodes of the graph instead
 
 A memory plan's budget was measured on one backend (each holds memory its own
 way): its recipes carry that backend (``made_for``), and a backward on another one
-is refused before anything runs (``check_backend``: the eager engine checks its
-saved values up front, a compiled backward as it collects them).
+is refused (``check_backend``): a compiled backward as it collects its saved
+values, before anything runs; the eager engine as it unpacks the first recipe
+(its up-front checks are node.py's, which knows nothing of plans).
 """
 from __future__ import annotations
 
@@ -145,7 +146,9 @@ def check_backend(recipe, compiled=False) -> None:
 
 
 def unpack_recipe(recipe):
-    """The unpack hook of a value saved as its recipe."""
+    """The unpack hook of a value saved as its recipe (the eager engine's: it
+    checks the backend here, before the first recomputation)."""
+    check_backend(recipe)
     return Tensor._make(recipe.value())
 
 

@@ -63,6 +63,7 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     budget_bytes = _budget_bytes(budget, base)
     candidates = sum(1 for v in profile.values if v.nbytes)
     seconds, measured = 0.0, {}   # recompute set -> its peak measured on backend
+    simulations = {}              # recompute set -> its Simulation (for every budget)
 
     def verified(simulation):
         plan = MemoryPlan(profile, simulation, budget_bytes, budget, formulation, seconds,
@@ -81,7 +82,7 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
     # (and below that plan's prediction).
     target = budget_bytes
     for _ in range(VERIFY_ROUNDS):
-        chosen, spent, _, _ = solve(profile, target, formulation)
+        chosen, spent, _, _ = solve(profile, target, formulation, simulations)
         seconds += spent
         if chosen is None:
             break
@@ -91,7 +92,7 @@ def plan_checkpoints(fn, *args, budget, backend="python", formulation="knapsack"
         target = min(target - (plan.measured_peak_bytes - budget_bytes), chosen.peak - 1)
     # Then the lowest plan the planner finds, which does not depend on the budget:
     # the smallest peak an error names is met when asked for.
-    low, spent = lowest(profile)
+    low, spent = lowest(profile, simulations)
     seconds += spent
     plan = verified(low)
     if plan.measured_peak_bytes <= budget_bytes:

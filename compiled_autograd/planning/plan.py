@@ -8,7 +8,7 @@
 
 A plan's budget holds on the backend it was made for (``plan.backend``; None:
 a plain ``loss.backward()`` on the eager engine): a backward on another one is
-refused before it runs (``autograd.recipe.check_backend``).
+refused (``autograd.recipe.check_backend``).
 
 Under ``with plan:`` every prim call of the forward is checked against the
 profiled forward (same prim, same input shapes, in the same order): a plan made

@@ -32,17 +32,22 @@ PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisect
 PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
 PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
 FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
-DESCENT_SIMULATIONS = 600   # plans the search for the lowest peak simulates, at most
+ALL_PREFIXES = 40     # prefixes of the greedy order the lowest-peak search starts from
+DESCENT_TRIALS = 400  # plans its descent tries, at most ...
+DESCENT_NODES = 60_000   # ... and at most this many over the backward graph's nodes
 DESCENT_STARTS = 4    # plans it starts a descent from
+SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 
 
 class _Planner:
-    def __init__(self, profile, budget_bytes):
+    def __init__(self, profile, budget_bytes, simulations=None):
         self.profile = profile
         self.budget = budget_bytes
         self.values = profile.values
-        self.simulations = {}
+        # recompute set -> Simulation (a plan's prediction does not depend on the
+        # budget: one dict may serve several planners of one profile)
+        self.simulations = {} if simulations is None else simulations
 
     def sim(self, recompute):
         recompute = needed_values(self.profile, frozenset(recompute))[0]
@@ -209,62 +214,62 @@ class _Planner:
 
     def lowest_plan(self, extra=()):
         """The plan of the lowest predicted peak found (the cheapest among equal
-        peaks), independent of the budget: the best of the greedy order's
-        prefixes, the prim families, recomputing everything or nothing, then
-        improved one value at a time (a first-improvement descent over the
-        decisions, largest first) while a flip lowers the peak, or keeps it and
-        lowers the cost."""
+        peaks), the same whatever the budget: the best of the greedy order's
+        prefixes, the prim families and recomputing everything, each improved by
+        a first-improvement descent (``_improve``) from the lowest few of them,
+        for at most ``DESCENT_TRIALS`` plans tried."""
         order = self.greedy_order()
-        starts = [self.sim(frozenset(order[:k]))
-                  for k in _spread(list(range(len(order) + 1)), PREFIX_SAMPLES)]
-        starts += self.families() + [self.sim(frozenset(self.decisions()))] + list(extra)
+        ks = _spread(list(range(len(order) + 1)), ALL_PREFIXES)
+        low = min(range(len(ks)), key=lambda at: self.sim(order[:ks[at]]).peak)
+        ks += range(ks[max(low - 1, 0)], ks[min(low + 1, len(ks) - 1)] + 1)  # (around the lowest)
+        starts = [self.sim(order[:k]) for k in ks]
         decisions = self.decisions()
-        limit = DESCENT_SIMULATIONS + len(self.simulations)
+        starts += self.families() + [self.sim(decisions)] + list(extra)
+        swaps = len(decisions) <= SWAP_DECISIONS
         # A descent from each of the lowest few starts (their plans differ in
-        # where along the layers they keep values), the best end wins.
+        # where along the layers they keep values); the best end wins.
         ranked = sorted({s.recompute: s for s in starts}.values(), key=lambda s: (s.peak, s.cost))
-        best, visited = ranked[0], set()
+        # (a simulation costs about the size of the backward graph: a bigger graph
+        # gets fewer trials, at least one flip of every decision)
+        trials = max(len(decisions), DESCENT_NODES // max(len(self.profile.graph.nodes), 1))
+        best, visited, self.trials = ranked[0], set(), min(trials, DESCENT_TRIALS)
         for current in ranked[:DESCENT_STARTS]:
             visited.add(current.recompute)
-            while len(self.simulations) < limit:
-                current, _ = self._improve(current, decisions, limit, visited)
-                if current is None:
-                    break
-                visited.add(current.recompute)
+            while current is not None and self.trials > 0:
                 if (current.peak, current.cost) < (best.peak, best.cost):
                     best = current
-        current = best
-        return self.prune(current.recompute) if current.peak <= self.budget else current
+                current = self._improve(current, decisions, visited, swaps)
+                if current is not None:
+                    visited.add(current.recompute)
+        return self.prune(best.recompute) if best.peak <= self.budget else best
 
-    def _improve(self, current, decisions, limit, visited):
-        """(a plan one move from ``current``, how): the first better one (a lower
-        peak, or the same peak at a lower cost) one flip away (recompute a value,
-        or keep it), else one swap away (keep one recomputed value and recompute
-        one kept value); else a swap to a plan of the same peak not visited yet
-        (a plateau: a layered model's optimum is often two swaps away, through
-        a plan no better); else (None, None)."""
+    def _improve(self, current, decisions, visited, swaps):
+        """A plan one move from ``current``: the first better one (a lower peak, or
+        the same peak at a lower cost) one flip away (recompute a value, or keep
+        it), else (``swaps``) one swap away (keep one recomputed value and
+        recompute one kept value), else a swap to a plan of the same peak not
+        visited yet (a plateau: a layered model's lowest plan is often two swaps
+        away, through a plan no better); else None. Each plan tried counts
+        against ``self.trials``."""
         key = (current.peak, current.cost)
         recompute = current.recompute
-        for i in decisions:
-            trial = self.sim(recompute ^ {i})
-            if (trial.peak, trial.cost) < key:
-                return trial, "flip"
-            if len(self.simulations) >= limit:
-                return None, None
-        inside = [i for i in decisions if i in recompute]
-        outside = [i for i in decisions if i not in recompute]
+        moves = [recompute ^ {i} for i in decisions]
+        if swaps:
+            inside = [i for i in decisions if i in recompute]
+            outside = [i for i in decisions if i not in recompute]
+            moves += [(recompute - {i}) | {j} for i in inside for j in outside]
         level = None
-        for i in inside:
-            for j in outside:
-                trial = self.sim((recompute - {i}) | {j})
-                if (trial.peak, trial.cost) < key:
-                    return trial, "swap"
-                if level is None and trial.peak == current.peak and \
-                        trial.recompute not in visited:
-                    level = trial
-                if len(self.simulations) >= limit:
-                    return None, None
-        return (level, "level") if level is not None else (None, None)
+        for k, move in enumerate(moves):
+            if self.trials <= 0:
+                return None
+            self.trials -= 1
+            trial = self.sim(move)
+            if (trial.peak, trial.cost) < key:
+                return trial
+            if k >= len(decisions) and level is None and trial.peak == current.peak and \
+                    trial.recompute not in visited:
+                level = trial
+        return level
 
     # ------------------------------------------------------------ min-cut
 
@@ -321,26 +326,28 @@ def every_plan(profile, max_decisions=EXACT_DECISIONS):
     return planner.simulations if planner.every(max_decisions) else None
 
 
-def lowest(profile):
+def lowest(profile, simulations=None):
     """(the simulation of the lowest plan, seconds), the same whatever the
-    budget: exact (``every_plan``) up to ``EXACT_DECISIONS`` decisions, else the
-    lowest the search finds (``_Planner.lowest_plan``)."""
+    budget: exact (every plan simulated) up to ``EXACT_DECISIONS`` decisions, else
+    the lowest the search finds (``_Planner.lowest_plan``). ``simulations``: plans
+    of ``profile`` simulated before (a dict that ``solve`` filled)."""
     start = time.perf_counter()
-    plans = every_plan(profile)
-    if plans is not None:
-        low = min(plans.values(), key=lambda s: (s.peak, s.cost))
+    planner = _Planner(profile, -1, simulations)
+    if planner.every(EXACT_DECISIONS):
+        low = min(planner.simulations.values(), key=lambda s: (s.peak, s.cost))
     else:
-        low = _Planner(profile, -1).lowest_plan()
+        low = planner.lowest_plan()
     return low, time.perf_counter() - start
 
 
-def solve(profile, budget_bytes, formulation="knapsack"):
-    """(simulation of the chosen plan or None, seconds, smallest peak seen)."""
+def solve(profile, budget_bytes, formulation="knapsack", simulations=None):
+    """(simulation of the chosen plan or None, seconds, smallest peak seen,
+    the planner). ``simulations``: as for ``lowest``."""
     if formulation not in FORMULATIONS:
         raise ValueError(f"plan_checkpoints: formulation must be one of {FORMULATIONS}, "
                          f"got {formulation!r}")
     start = time.perf_counter()
-    planner = _Planner(profile, budget_bytes)
+    planner = _Planner(profile, budget_bytes, simulations)
     chosen, _ = planner.knapsack() if formulation == "knapsack" else planner.mincut()
     seconds = time.perf_counter() - start
     smallest = min(s.peak for s in planner.simulations.values())
