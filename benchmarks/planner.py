@@ -60,7 +60,7 @@ def _prefixes_lowest(profile) -> int:
 def main():
     print(_machine())
     print()
-    head = (f"{'model':<44}{'decisions':>10}{'exact':>8}{'planner':>9}{'/exact':>8}"
+    head = (f"{'model':<56}{'decisions':>10}{'exact':>8}{'planner':>9}{'/exact':>8}"
             f"{'prefixes':>10}{'linears':>9}{'search s':>10}")
     print("lowest predicted peak, as a fraction of the peak without a plan")
     print(head)
@@ -83,11 +83,11 @@ def main():
         else:
             exact = None
             shown = f"{'-':>8}{found.peak / base:>9.3f}{'-':>8}"
-        print(f"{label:<44}{decisions:>10}{shown}{_prefixes_lowest(profile) / base:>10.3f}"
+        print(f"{label:<56}{decisions:>10}{shown}{_prefixes_lowest(profile) / base:>10.3f}"
               f"{linears / base:>9.3f}{seconds:>10.2f}", flush=True)
         if plans is None:
             continue
-        worst = (1.0, None)
+        worst = (0.0, None)
         for fraction in np.linspace(exact / base, 1.0, BUDGETS):
             budget = int(fraction * base)
             cheapest = min(s.cost for s in plans.values() if s.peak <= budget)
@@ -96,16 +96,16 @@ def main():
                 worst = (float("inf"), fraction)
                 continue
             ratio = (chosen.cost + 1e-12) / (cheapest + 1e-12)
-            if ratio > worst[0]:
+            if ratio >= worst[0]:
                 worst = (ratio, fraction)
         costs.append((label, len(plans), worst))
     print()
     print(f"recompute cost of the knapsack's plan / the cheapest plan that fits, worst of "
           f"{BUDGETS} budgets from the exact lowest peak to 1.0")
-    print(f"{'model':<44}{'plans':>7}{'worst':>8}{'at budget':>11}")
+    print(f"{'model':<56}{'plans':>7}{'worst':>8}{'at budget':>11}")
     for label, n, (ratio, fraction) in costs:
         at = "-" if fraction is None else f"{fraction:.3f}"
-        print(f"{label:<44}{n:>7}{ratio:>8.3f}{at:>11}")
+        print(f"{label:<56}{n:>7}{ratio:>8.3f}{at:>11}")
 
 
 if __name__ == "__main__":

@@ -246,7 +246,8 @@ class _Planner:
     def _improve(self, current, decisions, visited, swaps):
         """A plan one move from ``current``: the first better one (a lower peak, or
         the same peak at a lower cost) one flip away (recompute a value, or keep
-        it), else (``swaps``) one swap away (keep one recomputed value and
+        it), or one flip or swap of what is kept away with everything else
+        recomputed, else (``swaps``) one swap away (keep one recomputed value and
         recompute one kept value), else a swap to a plan of the same peak not
         visited yet (a plateau: a layered model's lowest plan is often two swaps
         away, through a plan no better); else None. Each plan tried counts
@@ -254,6 +255,12 @@ class _Planner:
         key = (current.peak, current.cost)
         recompute = current.recompute
         moves = [recompute ^ {i} for i in decisions]
+        # The same moves on what is kept, everything else recomputed (the plans
+        # of segment checkpointing: move one kept value along the layers)
+        every, kept = frozenset(decisions), current.kept & frozenset(decisions)
+        moves += [every - (kept ^ {i}) for i in decisions]
+        moves += [every - ((kept - {i}) | {j}) for i in sorted(kept) for j in decisions
+                  if j not in kept]
         if swaps:
             inside = [i for i in decisions if i in recompute]
             outside = [i for i in decisions if i not in recompute]
