@@ -114,11 +114,8 @@ def measure_peak(ex, plan=None, backend="python", witness=False):
 def backward_seconds(ex, backends, reps, plan=None) -> dict:
     """Median backward time per backend (the forward, under ``plan``, untimed;
     .grad None before each; one untimed warm-up per backend; backends interleaved).
-    The plan's recomputation is timed on every backend: its budget holds on the
-    backend it was made for, which alone would refuse the others."""
-    if plan is not None:
-        plan = copy.copy(plan)
-        plan._made_for = ANY_BACKEND
+    ``plan`` runs on every backend (``anywhere``)."""
+    plan = anywhere(plan)
     times = {b: [] for b in backends}
     for rep in range(reps + 1):
         for b in backends:
@@ -152,7 +149,19 @@ class Row:
         return self.plan is not None
 
 
+def anywhere(plan):
+    """``plan`` (a copy) whose backward may run on every backend: its budget holds
+    on the backend it was made for ("python" here), which alone would refuse the
+    others; this benchmark measures it elsewhere too (the peaks on "c", the times)."""
+    if plan is None:
+        return None
+    plan = copy.copy(plan)
+    plan._made_for = ANY_BACKEND
+    return plan
+
+
 def _measure(row, ex, plan, backends, reps, peak_backends):
+    plan = anywhere(plan)
     for b in peak_backends:
         row.other_peaks[b] = measure_peak(ex, plan, backend=b)[0].peak_bytes
     if backends:
