@@ -16,6 +16,14 @@ Two formulations, both judged by the same simulation (``simulate``):
   may not be recomputed; a minimum cut is the set of values to keep with the fewest
   bytes, everything past it recomputed. Which values may be recomputed is a
   threshold on cost per byte, chosen by bisection as the cheapest that fits.
+
+The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and what
+``plan_checkpoints`` measures last): up to ``EXACT_DECISIONS`` decisions (the
+values a plan keeps or recomputes) every plan is simulated, so it is exact; past
+them, a descent from the greedy prefixes, the prim families and recomputing
+everything, by flips and swaps of recomputed and of kept values
+(``_Planner.lowest_plan``). ``every_plan`` simulates every plan: the exact answer
+the tests and ``benchmarks/planner.py`` compare the planner with.
 """
 from __future__ import annotations
 
