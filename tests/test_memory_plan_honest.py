@@ -200,3 +200,47 @@ def test_the_lowest_peak_found_is_within_two_percent_of_the_exact_one(sizes):
             continue
         assert chosen.peak <= budget
         assert chosen.cost <= cheapest * 1.10 + 1e-12, (fraction, chosen.cost, cheapest)
+
+
+SCRIPT = '''
+import numpy as np
+import compiled_autograd as ca
+from compiled_autograd.utils.checkpoint import checkpoint
+F = ca.nn.functional
+rng = np.random.default_rng(0)
+ws = [ca.tensor(rng.standard_normal((64, 64)).astype(np.float32) * 0.2, requires_grad=True)
+      for _ in range(8)]
+x = ca.tensor(rng.standard_normal((256, 64)).astype(np.float32))
+
+
+def segment(h, *ws):
+    for w in ws:
+        h = F.gelu(F.linear(h, w))
+    return h
+
+
+def model():
+    h = x
+    for i in range(0, 8, 2):
+        h = checkpoint(segment, h, *ws[i:i + 2])
+    return (h * h).mean()
+'''
+
+
+def test_memory_budget_on_a_script_that_checkpoints_accepts_the_smallest_peak_it_names(
+        tmp_path, capsys):
+    # Item 9, as a new user met it: `memory --script bigmlp.py --budget B`.
+    from compiled_autograd.cli import main
+    script = tmp_path / "bigmlp.py"
+    script.write_text(SCRIPT)
+    common = ["memory", "--script", str(script), "--backend", "eager", "--budget"]
+    assert main(common + ["0.6"], out=lambda s: None) == 2
+    err = capsys.readouterr().err
+    assert "peak without a plan" in err and "on None" not in err
+    smallest = _smallest(err)
+    lines = []
+    assert main(common + [str(smallest)], out=lines.append) == 0
+    text = "\n".join(lines)
+    measured = int(re.search(r"under the plan, measured +\S+ \S+ +([\d,]+)", text)
+                   .group(1).replace(",", ""))
+    assert measured <= smallest
