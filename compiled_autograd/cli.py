@@ -387,7 +387,9 @@ def _memory_plan(args, model, out):
                          ("measured peak", f"{_mb(peak).strip()} ({peak:,} bytes)"
                           + (", equal to the prediction" if peak == predicted else "")),
                          ("recomputed by the plan",
-                          f"{len(plan.recomputed)} values, {plan.recompute_flops:,} FLOPs")])
+                          f"{len(plan.recomputed_storages)} values and "
+                          f"{len(plan.recomputed) - len(plan.recomputed_storages)} views of "
+                          f"them, {plan.recompute_flops:,} FLOPs")])
         out(f"report written to {args.report} (the measured run under the plan)")
     return 0
 

@@ -178,7 +178,7 @@ def test_memory_budget_plans_measures_and_marks_the_report(tmp_path):
     path = tmp_path / "plan.html"
     code, text = run_cli(["memory", *TINY, "--budget", "0.7", "--report", str(path)])
     assert code == 0
-    assert "memory plan (knapsack): budget" in text and "backward graph node" in text
+    assert "memory plan (knapsack) for backend 'python': budget" in text and "backward graph node" in text
     predicted, measured = _peaks(text)
     assert predicted == measured and f"predicted == measured: {measured:,} bytes" in text
     # the plan's rows: forward # | prim | shape | bytes | FLOPs | backward graph node
@@ -203,7 +203,7 @@ def test_memory_budget_plans_measures_and_marks_the_report(tmp_path):
 def test_memory_budget_in_bytes_and_text_and_json_reports(tmp_path):
     code, text = run_cli(["memory", *TINY, "--budget", "300000", "--report",
                           str(tmp_path / "plan.txt")])
-    assert code == 0 and "memory plan (knapsack): budget 292.97 KiB" in text
+    assert code == 0 and "memory plan (knapsack) for backend 'python': budget 292.97 KiB" in text
     predicted, measured = _peaks(text)
     assert predicted == measured <= 300000
     report = (tmp_path / "plan.txt").read_text()

@@ -20,6 +20,12 @@ then written in place fails that check too, as it would without the plan.
 The eager engine evaluates a recipe when its saved value is unpacked (``value``);
 the tracer of a compiled backward turns it into prim nodes of the graph instead
 (``compiled.tracer``), which the Python and C backends run inline.
+
+A memory plan's budget was measured on one backend (each holds memory its own
+way): its recipes carry that backend (``made_for``), and a backward on another one
+is refused (``check_backend``): a compiled backward as it collects its saved
+values, before anything runs; the eager engine as it unpacks the first recipe
+(its up-front checks are node.py's, which knows nothing of plans).
 """
 from __future__ import annotations
 
@@ -58,17 +64,22 @@ class Kept:
         return self.data
 
 
+ANY_BACKEND = object()   # a recipe any backward may run (not a measured plan's)
+
+
 class Recipe:
     """How a value was made: ``prim(*inputs, **params)``; ``index`` is the prim
-    call's place in the recorded forward (the plan's name for the value)."""
+    call's place in the recorded forward (the plan's name for the value);
+    ``made_for``: the backend whose backward may run it (``check_backend``)."""
 
     __slots__ = ("prim", "params", "inputs", "shape", "dtype", "index", "_memo",
-                 "__weakref__")
+                 "made_for", "__weakref__")
 
-    def __init__(self, prim, params, inputs, shape, dtype, index):
+    def __init__(self, prim, params, inputs, shape, dtype, index, made_for=ANY_BACKEND):
         self.prim, self.params, self.inputs = prim, params, inputs
         self.shape, self.dtype, self.index = tuple(shape), dtype, index
         self._memo = None
+        self.made_for = made_for
 
     def describe(self) -> str:
         return f"{self.prim.name} (forward prim #{self.index})"
@@ -90,12 +101,54 @@ class Recipe:
         self._memo = weakref.ref(out)
         return out
 
+    def check_backend(self) -> None:
+        check_backend(self)
+
     def __repr__(self):
         return f"<Recipe {self.describe()} {list(self.shape)}>"
 
 
+def describe_backend(backend) -> str:
+    """A backend as the planner's messages name it."""
+    if backend is None:
+        return "the eager engine (backend=None)"
+    if isinstance(backend, str):
+        return f"backend {backend!r}"
+    return f"the compiler {getattr(backend, '__name__', type(backend).__name__)}"
+
+
+def _how_to_run(backend) -> str:
+    if backend is None:
+        return "a plain loss.backward(), outside ca.compiled_backward"
+    return f"loss.backward() inside `with ca.compiled_backward(backend={backend!r}):`"
+
+
+def check_backend(recipe, compiled=False) -> None:
+    """Raise if this thread's backward runs on another backend than the one the
+    recipe's plan was made (and measured) for: ``engine.current_compiler()``'s
+    backend, or None for the eager engine. (``compiled``: a compiled backward's
+    collection, where no compiler means ``trace_backward``, which runs nothing.)"""
+    want = recipe.made_for
+    if want is ANY_BACKEND:
+        return
+    compiler = engine.current_compiler()
+    if compiled and compiler is None:
+        return
+    running = None if compiler is None else getattr(compiler, "backend", compiler)
+    if running is want or (isinstance(running, str) and running == want):
+        return
+    raise RuntimeError(
+        f"memory plan: this backward runs on {describe_backend(running)}, but the plan was "
+        f"made for {describe_backend(want)}: its peak was predicted and measured there, and "
+        "another backend holds memory otherwise. Run the backward where the plan was made "
+        f"({_how_to_run(want)}), or make the plan for this backend "
+        f"(ca.memory.plan_checkpoints(..., backend={running!r})).")
+
+
 def unpack_recipe(recipe):
-    """The unpack hook of a value saved as its recipe."""
+    """The unpack hook of a value saved as its recipe (the eager engine's: it
+    checks the backend here, before the first recomputation)."""
+    check_backend(recipe)
     return Tensor._make(recipe.value())
 
 
@@ -107,9 +160,10 @@ class RecipeRecorder:
     first (a plan checks the sequence there); ``on_made(index, result, arrays)``
     sees each result."""
 
-    def __init__(self, recompute, on_call=None, on_made=None):
+    def __init__(self, recompute, on_call=None, on_made=None, made_for=ANY_BACKEND):
         self.recompute = recompute
         self.on_call, self.on_made = on_call, on_made
+        self.made_for = made_for   # (each recipe's: see check_backend)
         self.count = 0
         # The backward running where the forward runs (None, mostly): prims that
         # a backward inside ``with plan:`` calls (a custom Function's backward, a
@@ -150,7 +204,8 @@ class RecipeRecorder:
         recipe = None
         if self.recompute(index) or self._tied(prim, arrays):
             inputs = tuple(self._input(a, arr) for a, arr in zip(args, arrays))
-            recipe = Recipe(prim, params, inputs, data.shape, data.dtype, index)
+            recipe = Recipe(prim, params, inputs, data.shape, data.dtype, index,
+                            self.made_for)
         counter = result._version_counter
         self._made[id(data)] = (weakref.ref(data), recipe, index, counter, counter.value)
         if self.on_made is not None:

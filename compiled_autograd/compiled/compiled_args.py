@@ -29,7 +29,7 @@ from compiled_autograd.autograd import engine
 from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward, SavedVariable,
                                              accumulate_into, plain_array)
-from compiled_autograd.autograd.recipe import Kept, Recipe
+from compiled_autograd.autograd.recipe import Kept, Recipe, check_backend
 from runtime.prims import index_param_names
 
 
@@ -167,6 +167,7 @@ class CompiledNodeArgs:
         seen = self.recipes.get(id(recipe))
         if seen is not None:
             return ("seen", seen)
+        check_backend(recipe, compiled=True)   # (a plan's recipes run where it was made)
         items = []
         for a in recipe.inputs:
             if type(a) is Recipe:

@@ -1,9 +1,14 @@
 """A memory plan: which values of one forward are kept and which are recomputed.
 
-    plan = ca.memory.plan_checkpoints(loss_fn, *args, budget=0.5)
+    plan = ca.memory.plan_checkpoints(loss_fn, *args, budget=0.5)   # backend "python"
     with plan:
         loss = loss_fn(*args)        # values in plan.recomputed are saved as recipes
-    loss.backward()                  # ... and recomputed, inline, where needed
+    with ca.compiled_backward(backend=plan.backend):
+        loss.backward()              # ... and recomputed, inline, where needed
+
+A plan's budget holds on the backend it was made for (``plan.backend``; None:
+a plain ``loss.backward()`` on the eager engine): a backward on another one is
+refused (``autograd.recipe.check_backend``).
 
 Under ``with plan:`` every prim call of the forward is checked against the
 profiled forward (same prim, same input shapes, in the same order): a plan made
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiled_autograd.autograd.recipe import RecipeRecorder
+from compiled_autograd.autograd.recipe import ANY_BACKEND, RecipeRecorder, describe_backend
 from compiled_autograd.planning.profile import signature_of
 
 
@@ -39,7 +44,7 @@ class MemoryPlan:
     """What ``plan_checkpoints`` chose, and the context that applies it."""
 
     def __init__(self, profile, simulation, budget_bytes, budget, formulation,
-                 planning_seconds, candidates):
+                 planning_seconds, candidates, backend=ANY_BACKEND):
         self.profile = profile
         self.simulation = simulation
         self.budget = budget
@@ -59,6 +64,21 @@ class MemoryPlan:
         self._recompute = frozenset(simulation.recompute)
         self._active = []
         self.measured_peak_bytes = None   # set by plan_checkpoints (on its backend)
+        # The backend whose backward the plan's recipes may run on (a plan made by
+        # hand, ANY_BACKEND: any); plan_checkpoints' plans name theirs.
+        self._made_for = backend
+
+    @property
+    def backend(self):
+        """The backend the plan was made and measured for (None: the eager
+        engine); its backward must run there."""
+        return self.profile.backend if self._made_for is ANY_BACKEND else self._made_for
+
+    @property
+    def recomputed_storages(self) -> list:
+        """The recomputed values with storage of their own (the others are views
+        of them, recomputed for free): what ``candidates`` counts."""
+        return [r for r in self.recomputed if r.bytes]
 
     @property
     def kept(self) -> list:
@@ -92,7 +112,8 @@ class MemoryPlan:
                 "this one.")
 
     def __enter__(self):
-        recorder = RecipeRecorder(self._recompute.__contains__, self._check)
+        recorder = RecipeRecorder(self._recompute.__contains__, self._check,
+                                  made_for=self._made_for)
         recorder.__enter__()
         self._active.append(recorder)
         return self
@@ -113,17 +134,21 @@ class MemoryPlan:
     def table(self) -> str:
         """The plan as text: budget, peaks, cost, and one row per recomputed value."""
         base = self.baseline_peak_bytes
-        rows = [f"memory plan ({self.formulation}): budget {_fmt(self.budget_bytes)} "
-                f"({self.budget_bytes / base:.2f} of the peak without checkpointing, "
-                f"{_fmt(base)})",
+        views = len(self.recomputed) - len(self.recomputed_storages)
+        rows = [f"memory plan ({self.formulation}) for {describe_backend(self.backend)}: "
+                f"budget {_fmt(self.budget_bytes)} ({self.budget_bytes / base:.2f} of the "
+                f"peak without a plan, {_fmt(base)}: fn as written, its own checkpoints "
+                "included)",
                 f"predicted peak {_fmt(self.predicted_peak_bytes)} "
                 f"({self.predicted_peak_bytes / base:.2f}); forward "
                 f"{_fmt(self.simulation.forward_peak)}, backward "
                 f"{_fmt(self.simulation.backward_peak)}" + (
                     "" if self.measured_peak_bytes is None else
-                    f"; measured {_fmt(self.measured_peak_bytes)} on "
-                    f"{self.profile.backend!r}"),
-                f"recomputes {len(self.recomputed)} of {self.candidates} candidate values: "
+                    f"; measured {_fmt(self.measured_peak_bytes)} "
+                    f"({self.measured_peak_bytes / base:.2f})"),
+                f"recomputes {len(self.recomputed_storages)} of {self.candidates} candidate "
+                "values (values with storage of their own)"
+                + (f" and {views} views of them" if views else "") + ": "
                 f"{self.recompute_flops:,} FLOPs (~{self.recompute_seconds * 1e3:.2f} ms at "
                 "the reference rates); keeps "
                 f"{len(self.kept)} values",

@@ -16,9 +16,18 @@ Two formulations, both judged by the same simulation (``simulate``):
   may not be recomputed; a minimum cut is the set of values to keep with the fewest
   bytes, everything past it recomputed. Which values may be recomputed is a
   threshold on cost per byte, chosen by bisection as the cheapest that fits.
+
+The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and what
+``plan_checkpoints`` measures last): up to ``EXACT_DECISIONS`` decisions (the
+values a plan keeps or recomputes) every plan is simulated, so it is exact; past
+them, a descent from the greedy prefixes, the prim families and recomputing
+everything, by flips and swaps of recomputed and of kept values
+(``_Planner.lowest_plan``). ``every_plan`` simulates every plan: the exact answer
+the tests and ``benchmarks/planner.py`` compare the planner with.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -30,15 +39,23 @@ from compiled_autograd.planning.simulate import needed_values, simulate
 PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisection
 PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
 PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
-REPAIR_ROUNDS = 4     # single-value flips tried when no prefix fits
+FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
+ALL_PREFIXES = 40     # prefixes of the greedy order the lowest-peak search starts from
+DESCENT_TRIALS = 400  # plans its descent tries, at most ...
+DESCENT_NODES = 60_000   # ... and at most this many over the backward graph's nodes
+DESCENT_STARTS = 4    # plans it starts a descent from
+SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
+EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 
 
 class _Planner:
-    def __init__(self, profile, budget_bytes):
+    def __init__(self, profile, budget_bytes, simulations=None):
         self.profile = profile
         self.budget = budget_bytes
         self.values = profile.values
-        self.simulations = {}
+        # recompute set -> Simulation (a plan's prediction does not depend on the
+        # budget: one dict may serve several planners of one profile)
+        self.simulations = {} if simulations is None else simulations
 
     def sim(self, recompute):
         recompute = needed_values(self.profile, frozenset(recompute))[0]
@@ -161,19 +178,113 @@ class _Planner:
         return self.sim(chosen)
 
     def repair(self, start):
-        """No prefix fits: from the lowest one, flip one value at a time (recompute
-        it, or keep it again), taking the flip that lowers the peak most, while
-        any does; then the cheapest fitting plan seen, or None."""
-        current = self.sim(start)
-        for _ in range(REPAIR_ROUNDS):
-            if current.peak <= self.budget:
-                break
-            flips = [self.sim(current.recompute ^ {v.index}) for v in self.values]
-            best = min(flips, key=lambda s: (s.peak, s.cost))
-            if best.peak >= current.peak:
-                break
-            current = best
-        return self.best(self.simulations.values())
+        """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
+        that fits among every plan; past them, the lowest plan found
+        (``lowest_plan``, from the lowest prefix too), pruned if it fits; else
+        None."""
+        if self.every(EXACT_DECISIONS):
+            return self.best(self.simulations.values())
+        low = self.lowest_plan(extra=(self.sim(start),))
+        return low if low.peak <= self.budget else None
+
+    def every(self, max_decisions) -> bool:
+        """Simulate every plan (each subset of the decisions), if there are at most
+        ``max_decisions`` decisions; whether it did."""
+        decisions = self.decisions()
+        if len(decisions) > max_decisions:
+            return False
+        for k in range(len(decisions) + 1):
+            for subset in itertools.combinations(decisions, k):
+                self.sim(subset)
+        return True
+
+    # ------------------------------------------------------------ the lowest peak
+
+    def decisions(self) -> list:
+        """The values a plan may recompute or keep, largest storage first: those
+        the backward needs when everything is recomputed."""
+        every = frozenset(v.index for v in self.values)
+        recompute, kept = needed_values(self.profile, every)
+        return sorted(recompute | kept, key=lambda i: (-self.values[i].nbytes, i))
+
+    def families(self) -> list:
+        """Plans that recompute every output of some kinds of prim (every linear
+        output; every GELU and LayerNorm output; ...): the layered structure
+        of a model, where a plan repeats per layer."""
+        kinds = sorted({self.values[i].prim for i in self.decisions()})
+        if len(kinds) <= FAMILY_KINDS:
+            sets = [c for k in range(1, len(kinds) + 1)
+                    for c in itertools.combinations(kinds, k)]
+        else:   # one kind, or every kind but one
+            sets = [(k,) for k in kinds] + [tuple(x for x in kinds if x != k) for k in kinds]
+        return [self.sim({v.index for v in self.values if v.prim in chosen})
+                for chosen in sets]
+
+    def lowest_plan(self, extra=()):
+        """The plan of the lowest predicted peak found (the cheapest among equal
+        peaks), the same whatever the budget: the best of the greedy order's
+        prefixes, the prim families and recomputing everything, each improved by
+        a first-improvement descent (``_improve``) from the lowest few of them,
+        for at most ``DESCENT_TRIALS`` plans tried."""
+        order = self.greedy_order()
+        ks = _spread(list(range(len(order) + 1)), ALL_PREFIXES)
+        low = min(range(len(ks)), key=lambda at: self.sim(order[:ks[at]]).peak)
+        ks += range(ks[max(low - 1, 0)], ks[min(low + 1, len(ks) - 1)] + 1)  # (around the lowest)
+        starts = [self.sim(order[:k]) for k in ks]
+        decisions = self.decisions()
+        starts += self.families() + [self.sim(decisions)] + list(extra)
+        swaps = len(decisions) <= SWAP_DECISIONS
+        # A descent from each of the lowest few starts (their plans differ in
+        # where along the layers they keep values); the best end wins.
+        ranked = sorted({s.recompute: s for s in starts}.values(), key=lambda s: (s.peak, s.cost))
+        # (a simulation costs about the size of the backward graph: a bigger graph
+        # gets fewer trials, at least one flip of every decision)
+        trials = max(len(decisions), DESCENT_NODES // max(len(self.profile.graph.nodes), 1))
+        best, visited, self.trials = ranked[0], set(), min(trials, DESCENT_TRIALS)
+        for current in ranked[:DESCENT_STARTS]:
+            visited.add(current.recompute)
+            while current is not None and self.trials > 0:
+                if (current.peak, current.cost) < (best.peak, best.cost):
+                    best = current
+                current = self._improve(current, decisions, visited, swaps)
+                if current is not None:
+                    visited.add(current.recompute)
+        return self.prune(best.recompute) if best.peak <= self.budget else best
+
+    def _improve(self, current, decisions, visited, swaps):
+        """A plan one move from ``current``: the first better one (a lower peak, or
+        the same peak at a lower cost) one flip away (recompute a value, or keep
+        it), or one flip or swap of what is kept away with everything else
+        recomputed, else (``swaps``) one swap away (keep one recomputed value and
+        recompute one kept value), else a swap to a plan of the same peak not
+        visited yet (a plateau: a layered model's lowest plan is often two swaps
+        away, through a plan no better); else None. Each plan tried counts
+        against ``self.trials``."""
+        key = (current.peak, current.cost)
+        recompute = current.recompute
+        moves = [recompute ^ {i} for i in decisions]
+        # The same moves on what is kept, everything else recomputed (the plans
+        # of segment checkpointing: move one kept value along the layers)
+        every, kept = frozenset(decisions), current.kept & frozenset(decisions)
+        moves += [every - (kept ^ {i}) for i in decisions]
+        moves += [every - ((kept - {i}) | {j}) for i in sorted(kept) for j in decisions
+                  if j not in kept]
+        if swaps:
+            inside = [i for i in decisions if i in recompute]
+            outside = [i for i in decisions if i not in recompute]
+            moves += [(recompute - {i}) | {j} for i in inside for j in outside]
+        level = None
+        for k, move in enumerate(moves):
+            if self.trials <= 0:
+                return None
+            self.trials -= 1
+            trial = self.sim(move)
+            if (trial.peak, trial.cost) < key:
+                return trial
+            if k >= len(decisions) and level is None and trial.peak == current.peak and \
+                    trial.recompute not in visited:
+                level = trial
+        return level
 
     # ------------------------------------------------------------ min-cut
 
@@ -221,13 +332,37 @@ def _spread(xs, n):
 FORMULATIONS = ("knapsack", "mincut")
 
 
-def solve(profile, budget_bytes, formulation="knapsack"):
-    """(simulation of the chosen plan or None, seconds, smallest peak seen)."""
+def every_plan(profile, max_decisions=EXACT_DECISIONS):
+    """Every plan of ``profile`` simulated (recompute set -> Simulation): each
+    subset of its decisions, those that need the same values counted once; None
+    past ``max_decisions`` decisions (2 ** n subsets). The exact answer the
+    planner is checked against (tests, benchmarks/planner.py)."""
+    planner = _Planner(profile, -1)
+    return planner.simulations if planner.every(max_decisions) else None
+
+
+def lowest(profile, simulations=None):
+    """(the simulation of the lowest plan, seconds), the same whatever the
+    budget: exact (every plan simulated) up to ``EXACT_DECISIONS`` decisions, else
+    the lowest the search finds (``_Planner.lowest_plan``). ``simulations``: plans
+    of ``profile`` simulated before (a dict that ``solve`` filled)."""
+    start = time.perf_counter()
+    planner = _Planner(profile, -1, simulations)
+    if planner.every(EXACT_DECISIONS):
+        low = min(planner.simulations.values(), key=lambda s: (s.peak, s.cost))
+    else:
+        low = planner.lowest_plan()
+    return low, time.perf_counter() - start
+
+
+def solve(profile, budget_bytes, formulation="knapsack", simulations=None):
+    """(simulation of the chosen plan or None, seconds, smallest peak seen,
+    the planner). ``simulations``: as for ``lowest``."""
     if formulation not in FORMULATIONS:
         raise ValueError(f"plan_checkpoints: formulation must be one of {FORMULATIONS}, "
                          f"got {formulation!r}")
     start = time.perf_counter()
-    planner = _Planner(profile, budget_bytes)
+    planner = _Planner(profile, budget_bytes, simulations)
     chosen, _ = planner.knapsack() if formulation == "knapsack" else planner.mincut()
     seconds = time.perf_counter() - start
     smallest = min(s.peak for s in planner.simulations.values())

@@ -22,18 +22,27 @@ for i, node in enumerate(nodes):
               f"before {before.meta.get('source')}")
 del loss
 
-for backend in ("python", "c"):
-    for run in range(2):            # the second run is measured (the first compiles)
-        ex.zero_grad()              # every .grad None, as the plan assumes
-        with ca.memory.profile(tracemalloc_witness=False) as prof:
-            with plan:
-                loss = ex.loss()
-            with ca.compiled_backward(backend=backend):
-                loss.backward()
-            del loss
-    print(f"{backend}: predicted peak {plan.predicted_peak_bytes:,} B, measured "
-          f"{prof.peak_bytes:,} B (budget {plan.budget_bytes:,} B, no plan "
-          f"{plan.baseline_peak_bytes:,} B)")
+for run in range(2):                # the second run is measured (the first compiles)
+    ex.zero_grad()                  # every .grad None, as the plan assumes
+    with ca.memory.profile(tracemalloc_witness=False) as prof:
+        with plan:
+            loss = ex.loss()
+        with ca.compiled_backward(backend=plan.backend):   # "python": where it was made
+            loss.backward()
+        del loss
+print(f"{plan.backend}: predicted peak {plan.predicted_peak_bytes:,} B, measured "
+      f"{prof.peak_bytes:,} B (budget {plan.budget_bytes:,} B, no plan "
+      f"{plan.baseline_peak_bytes:,} B)")
+
+# Its backward elsewhere is refused: another backend holds memory otherwise.
+with plan:
+    loss = ex.loss()
+try:
+    with ca.compiled_backward(backend="c"):
+        loss.backward()
+except RuntimeError as e:
+    print(f"c: {e}")
+del loss
 
 # A plan for "c": the budget is a fraction of the peak measured on "c", and the
 # plan is measured there (the C backend holds what it was handed, and its arena,
