@@ -114,6 +114,10 @@ class CProgram:
         self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
 
 
+# The deepest expression fused into one loop (see Emitter._fusable)
+MAX_FUSED_DEPTH = 32
+
+
 class Emitter:
     def __init__(self, graph, part_lines=PART_LINES):
         self.graph = graph
@@ -152,6 +156,21 @@ class Emitter:
             elif not any(u.args[i] is n for i in user.inlines if i < len(u.args)):
                 continue
             fused.add(n)
+        # A chain of single-use elementwise ops (a simulation's steps) would fuse
+        # into one expression as deep as the chain: past MAX_FUSED_DEPTH levels a
+        # node is materialized instead, which bounds both the Python recursion
+        # of ``expression``/``operand`` and the nesting of the C the compiler
+        # parses, whatever the graph's length.
+        depth = {}
+        for n in self.graph.nodes:
+            if n not in fused:
+                continue
+            d = 1 + max((depth[a] for a in n.args if isinstance(a, Node) and a in depth),
+                        default=0)
+            if d > MAX_FUSED_DEPTH:
+                fused.discard(n)
+            else:
+                depth[n] = d
         return fused
 
     def _last_reads(self):
@@ -428,7 +447,7 @@ class Emitter:
                             site.item_vals[i] = v
         self.site_of[node] = site
         self.prog.sites.append(site)
-        lines = [f"if (cb({site.index}, {'r' if site.results else 'NULL'})) return 1;"]
+        lines = [f"if (ca_call_back(cb, {site.index}, {'r' if site.results else 'NULL'})) return 1;"]
         for j, (_, v) in enumerate(site.results):
             lines.append(f"{self.ptr(v)} = ({v.ctype} *)r[{j}];")
         self.emit(_ENV.get_template("callback.c.j2").render(
@@ -464,7 +483,7 @@ class Emitter:
             for step in sorted(dying):
                 site = Site(len(prog.sites), None, [], step + 0.5, dying[step])
                 prog.sites.append(site)
-                text = (f"if (cb({site.index}, NULL)) return 1;"
+                text = (f"if (ca_call_back(cb, {site.index}, NULL)) return 1;"
                         f"  /* release: {len(dying[step])} array(s) past last use */")
                 self.stmts.append(Stmt(step + 0.5, "", text, frozenset(), frozenset()))
         prog.arena_index = {s: i for i, s in enumerate(prog.arena_storages)}

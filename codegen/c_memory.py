@@ -83,8 +83,8 @@ def fold_releases(prog, stmts):
 def _release_site(stmt):
     """The index of the release callback a statement is, or None."""
     text = stmt.text
-    if text.startswith("if (cb(") and "/* release:" in text:
-        return int(text[len("if (cb("):text.index(",")])
+    if text.startswith("if (ca_call_back(cb, ") and "/* release:" in text:
+        return int(text[len("if (ca_call_back(cb, "):text.index(",", len("if (ca_call_back(cb, "))])
     return None
 
 

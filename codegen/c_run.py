@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 import warnings
@@ -52,7 +53,31 @@ def release_memory() -> int:
     its cache; returns their bytes."""
     module = C_CALL.loaded()
     return module.release_memory() if module is not None else 0
-CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.POINTER(ctypes.c_int))
+
+
+def _unraisable(args, _previous=[None]):
+    """sys.unraisablehook: an exception that escaped a C backward's callback (a
+    KeyboardInterrupt landing on its first line, before its ``try``) goes to
+    that call's frame, raised once C returns (``ca_call_back`` saw no *done);
+    anything else to the hook that was there before."""
+    callback = args.object
+    owner = getattr(callback, "__self__", None)
+    if isinstance(owner, CBackward) and getattr(callback, "__func__", None) is \
+            CBackward._on_callback:
+        frames = getattr(owner._threads, "frames", None)
+        if frames and frames[-1].error is None:
+            frames[-1].error = args.exc_value
+            return
+    (_previous[0] or sys.__unraisablehook__)(args)
+
+
+def _catch_escaped_callback_errors():
+    if sys.unraisablehook is not _unraisable:
+        _unraisable.__defaults__[0][0] = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
 _P = ctypes.c_void_p
 
 
@@ -91,6 +116,7 @@ class CBackward:
         fn.restype = ctypes.c_int
         self.fn = fn
         self._callback = CALLBACK(self._on_callback)
+        _catch_escaped_callback_errors()
         self._threads = threading.local()   # each thread's running calls (frames)
         prog = self.prog
         # An output array becomes .grad itself (no copy) when this accumulation is
@@ -265,9 +291,9 @@ class CBackward:
             frame.outs[s.index] = arr
             frame.out_objs[s.index] = id(arr)
 
-    def _on_callback(self, index, results):
-        frame = self._threads.frames[-1]
+    def _on_callback(self, index, results, done):
         try:
+            frame = self._threads.frames[-1]
             site = self.prog.sites[index]
             for early in site.early:    # release callbacks folded into this one
                 self._flush(frame, early.step)
@@ -280,6 +306,7 @@ class CBackward:
                 frame.store.pop(s, None)
             if site.kind == "release":
                 self._open_blocks(frame, site.open_blocks)
+                done[0] = 1
                 return 0
             args = []
             for kind, a in site.args:
@@ -298,9 +325,10 @@ class CBackward:
                 frame.store[v.storage] = arr
                 results[j] = arr.ctypes.data
             self._open_blocks(frame, site.open_blocks)
+            done[0] = 1
             return 0
         except BaseException as e:  # re-raised by __call__ once C has returned
-            frame.error = e
+            self._threads.frames[-1].error = e
             return 1
 
     @staticmethod
@@ -396,6 +424,9 @@ class CBackward:
         if rc != 0:
             if frame.error is not None:
                 raise frame.error
+            if rc > 0:    # (sys.unraisablehook replaced after this backend was made)
+                raise RuntimeError("compiled C backward: a callback into Python failed; "
+                                   "its exception was reported as unraisable")
             raise RuntimeError(f"compiled C backward: {prog.errors[-rc - 1]}")
         self._flush(frame, len(self.graph.nodes) + 1)
         results = []

@@ -9,10 +9,12 @@ measures forward and backward under the plan.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import os
 import re
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
@@ -77,7 +79,8 @@ def _example(args):
     shown = {k: v for k, v in ex.sizes.items() if k not in ("checkpoint", "offload")}
     extras = [w for w, on in (("per-layer checkpointing", args.checkpoint),
                               ("disk offload", args.offload)) if on]
-    description = f"{args.example} {shown}" + (f", {', '.join(extras)}" if extras else "")
+    shown = ", ".join(f"{k}={v}" for k, v in shown.items())
+    description = f"{args.example} ({shown})" + (f", {', '.join(extras)}" if extras else "")
     return Model(ex.loss, description)
 
 
@@ -221,15 +224,26 @@ def _mb(nbytes):
 
 def _check_report_path(path):
     """Before any measurement: a file name with a known suffix (any case), in a
-    writable folder, that is not a directory."""
+    folder where a file can really be made (a temporary one is made and removed:
+    /proc passes os.access, and refuses files), that is not a directory."""
+    if not path:
+        raise UsageError("--report needs a file name ending in .html, .txt or .json, got ''")
     if os.path.isdir(path):
         raise UsageError(f"--report {path!r} is a directory; give a file name such as "
                          f"{os.path.join(path, 'report.html')!r}")
     if os.path.splitext(path)[1].lower() not in (".html", ".txt", ".json"):
         raise UsageError(f"--report must end in .html, .txt or .json, got {path!r}")
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write the report: {folder} is not a writable directory")
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write the report {path!r}: the directory {folder!r} "
+                         f"does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".compiled-autograd-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write the report {path!r}: {e.strerror or e} in "
+                         f"{folder!r}") from None
 
 
 def cmd_memory(args, out):
@@ -239,7 +253,7 @@ def cmd_memory(args, out):
         if mixed:
             raise UsageError(f"--budget cannot be combined with {' or '.join(mixed)}: the "
                              f"memory plan chooses what to recompute itself")
-    if args.report:
+    if args.report is not None:
         _check_report_path(args.report)
     model = load_model(args)
     if args.budget is not None:
@@ -375,7 +389,7 @@ def _memory_plan(args, model, out):
         write_report(prof.timeline, args.report,
                      title=f"Forward and backward under a memory plan: {model.description}",
                      peak_bytes=peak, planned=schedule, planned_start=forward_events,
-                     recomputed=plan.recomputed, notes=notes,
+                     recomputed=plan.recomputed, notes=notes, budget=plan.budget_bytes,
                      run=f"forward under the memory plan (--budget {args.budget}), then its "
                          f"backward, {backward}; a warm run (the backward was captured and "
                          f"compiled before the profile), every .grad None at the start",
@@ -443,6 +457,8 @@ class _Parser(argparse.ArgumentParser):
 def parser():
     top = _Parser(prog="compiled-autograd",
                   description="Trace, run and measure compiled backward passes.")
+    top.add_argument("--version", action="version",
+                     version=f"compiled-autograd {_version()}")
     sub = top.add_subparsers(dest="command", parser_class=_Parser)
     demo = sub.add_parser("demo", help="train the bundled MLP and check its gradients")
     demo.add_argument("--steps", type=int, default=5)
@@ -468,12 +484,33 @@ def parser():
 COMMANDS = {"demo": cmd_demo, "trace": cmd_trace, "run": cmd_run, "memory": cmd_memory}
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("compiled-autograd")
+    except importlib.metadata.PackageNotFoundError:     # (run from a source tree)
+        return "unknown (not installed)"
+
+
+def _pipe_safe(line="") -> None:
+    """print, for output piped into ``head``: once the reader is gone, the rest of
+    the output goes nowhere and the command goes on (a report is still written)."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())      # (Python's advice: no second error
+        os.close(devnull)                          # when stdout is flushed at exit)
+
+
 def main(argv=None, out=print) -> int:
+    out = _pipe_safe if out is print else out
     try:
         args = parser().parse_args(argv)
         if args.command is None:
             args = parser().parse_args(["demo"] + list(argv or []))
         return COMMANDS[args.command](args, out)
+    except SystemExit as exc:       # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
     except UsageError as exc:
         print(f"compiled-autograd: error: {exc}", file=sys.stderr)
         return 2

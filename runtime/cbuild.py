@@ -26,8 +26,19 @@ otherwise, and the build then goes on without (one thread, the same source). The
 flags are part of the command, so of the library's name. ``runtime.cthreads``
 runs the BLAS on the same threads.
 
-A missing compiler or a failed build raises ``CBuildError`` naming the command and
-quoting the compiler's stderr.
+Each library has a content hash beside it (``<library>.sha256``: the SHA-256 of
+its bytes and its own name), written before the library is moved into place. A
+library is loaded only after its bytes match that hash: a file cut short, filled
+with other bytes, or another graph's library copied under this name would crash
+the process inside ``dlopen`` (SIGBUS, SIGSEGV), so it is found before that,
+rebuilt with a warning, and replaced atomically. A library without its hash (a
+build interrupted between the two) is rebuilt quietly.
+
+Every failure to build or load C raises ``CBuildError`` saying what to do: a
+missing compiler or a failed build (naming the command and quoting the
+compiler's stderr), a cache directory that cannot be created or written, a
+library that does not load. ``CA_C_FALLBACK=python`` (``codegen.c_run``) turns
+each of them into a warning and the Python backend.
 
 Arrays are handed to the generated code as the addresses of their ndarray objects
 (``id(arr)``: a few nanoseconds each, against about a microsecond for
@@ -46,6 +57,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,19 +135,31 @@ def array_data_offset() -> int:
 
 
 class CBuildError(RuntimeError):
-    """The C compiler is missing or rejected the generated source."""
+    """C could not be built or loaded: the message says why and what to do."""
+
+
+_WHAT_TO_DO = ("set CA_CACHE_DIR to a writable directory, or CA_C_FALLBACK=python to run "
+               "the Python backend instead")
 
 
 def cache_dir() -> Path:
+    """The build cache directory (created with mode 0700); ``CBuildError`` if it
+    cannot be created or used."""
     root = os.environ.get("CA_CACHE_DIR")
     if root:
         path = Path(root)
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         path = Path(base) / "compiled_autograd" / "c"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o700)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not path.is_dir():
+            raise NotADirectoryError(f"not a directory: {str(path)!r}")
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as e:
+        raise CBuildError(f"cannot use {str(path)!r} as the C build cache "
+                          f"({e.strerror or e}); {_WHAT_TO_DO}") from None
     return path
 
 
@@ -235,7 +259,7 @@ def _load_threads():
     try:
         path, _ = _publish(library_path(source, flags=cmd, name="ca_threads"), [source],
                            lambda srcs, out: [[cmd + [srcs[0], "-o", out, "-lpthread"]]])
-        lib = ctypes.CDLL(str(path))
+        lib = load(path)
         ok = lib.ca_openmp_probe() > 0
     except (CBuildError, OSError) as e:
         return False, f"one thread: no OpenMP ({str(e).splitlines()[0]})", None
@@ -287,13 +311,50 @@ def build(sources, extra=()) -> tuple[Path, bool]:
     return _publish(library_path(sources, extra), sources, steps)
 
 
+def hash_path(path: Path) -> Path:
+    """Where the content hash of the library ``path`` is kept."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest_line(path: Path, data: bytes) -> str:
+    return f"{hashlib.sha256(data).hexdigest()} {path.name}\n"
+
+
+def check(path: Path) -> str | None:
+    """None if the library ``path`` is intact (its bytes and name match the hash
+    beside it), else why not: "missing", "no hash", or what differs. Reads the
+    file; never loads it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    try:
+        recorded = hash_path(path).read_text()
+    except FileNotFoundError:
+        return "no hash"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"its hash is unreadable ({e})"
+    if recorded != _digest_line(path, data):
+        return (f"its content does not match its hash ({len(data)} bytes; damaged, "
+                f"truncated or replaced)")
+    return None
+
+
 def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
-    """Build ``path`` unless it exists: the sources go to private temporary files,
-    ``steps(srcs, out)`` gives the command batches (each run at once) that build
-    ``out`` (objects are named ``src[:-2] + ".o"``), which then replaces ``path``
-    atomically. Nothing is left behind."""
-    if path.exists():
+    """Build ``path`` unless it is in the cache and intact (``check``): the
+    sources go to private temporary files, ``steps(srcs, out)`` gives the command
+    batches (each run at once) that build ``out`` (objects are named
+    ``src[:-2] + ".o"``); its hash is written beside ``path``, then ``out``
+    replaces ``path`` atomically. Nothing is left behind. A damaged entry is
+    rebuilt with a warning."""
+    problem = check(path)
+    if problem is None:
         return path, False
+    if problem not in ("missing", "no hash"):
+        warnings.warn(f"compiled autograd: the C build cache entry {str(path)!r} is damaged "
+                      f"({problem}); rebuilding it", RuntimeWarning, stacklevel=3)
     temps = []
     try:
         srcs = []
@@ -304,15 +365,27 @@ def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
                 f.write(source)
             srcs.append(tmp_src)
         tmp_out = srcs[0][:-2] + ".so"
-        temps += [tmp_out] + [src[:-2] + ".o" for src in srcs]   # objects, if any
+        tmp_hash = srcs[0][:-2] + ".sha256"
+        temps += [tmp_out, tmp_hash] + [src[:-2] + ".o" for src in srcs]   # objects, if any
         for batch in steps(srcs, tmp_out):
             _run(batch)
         os.chmod(tmp_out, 0o600)
+        with open(tmp_hash, "w") as f:
+            f.write(_digest_line(path, Path(tmp_out).read_bytes()))
+        os.chmod(tmp_hash, 0o600)
+        # The hash first: a reader between the two replaces sees the old library
+        # with the new hash, a mismatch, and rebuilds; never a wrong library loaded.
+        os.replace(tmp_hash, hash_path(path))
         os.replace(tmp_out, path)
+    except OSError as e:
+        raise CBuildError(f"cannot write to the C build cache {str(path.parent)!r} "
+                          f"({e.strerror or e}); {_WHAT_TO_DO}") from None
     finally:
         for leftover in temps:
-            if os.path.exists(leftover):
+            try:
                 os.unlink(leftover)
+            except OSError:
+                pass
     return path, True
 
 
@@ -350,9 +423,13 @@ def _run(commands) -> None:
         raise CBuildError(f"C compiler not found: {commands[0][0]!r} (set $CC, or install "
                           f"a C compiler such as gcc); command: {shlex.join(commands[0])}")
     workers = max(1, min(len(commands), os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True,
-                                                           text=True), commands))
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True,
+                                                               text=True), commands))
+    except OSError as e:
+        raise CBuildError(f"cannot run the C compiler ({e.strerror or e}); command: "
+                          f"{shlex.join(commands[0])}; set $CC to a working compiler") from None
     for cmd, done in zip(commands, results):
         if done.returncode != 0:
             raise CBuildError(f"C compilation failed (exit code {done.returncode}): "
@@ -360,10 +437,22 @@ def _run(commands) -> None:
 
 
 def load(path: Path) -> ctypes.CDLL:
-    """The loaded library (one handle per path in this process)."""
+    """The loaded library (one handle per path in this process), checked against
+    its hash before it is loaded (``check``); ``CBuildError`` if it is damaged or
+    does not load."""
     key = str(path)
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
-            lib = _loaded[key] = ctypes.CDLL(key)
+            problem = check(Path(path))
+            if problem is not None:
+                raise CBuildError(f"not loading the C library {key!r}: {problem}; delete it "
+                                  f"and it is rebuilt on the next use")
+            try:
+                lib = ctypes.CDLL(key)
+            except OSError as e:
+                raise CBuildError(f"cannot load the C library {key!r} ({e}); delete it and "
+                                  f"it is rebuilt on the next use, or set "
+                                  f"CA_C_FALLBACK=python") from None
+            _loaded[key] = lib
         return lib

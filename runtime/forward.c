@@ -59,12 +59,11 @@ typedef struct {
     PyObject *grad_accumulator, *sequence;
     PyObject *interceptors, *trackers;      /* lists: non-empty -> the reference */
     PyObject *prims_globals;  /* _kernel_hook */
-    PyObject *grad_state, *hooks_state;     /* thread-locals: enabled, stack */
+    PyObject *grad_enabled, *hooks_stack;   /* ContextVars: grad mode, hook stack */
     PyObject *no_edge;        /* (None, 0) */
 } Forward;
 
-static PyObject *s_kernel_hook, *s_enabled, *s_stack, *s_grad_fn,
-    *s_requires_grad;
+static PyObject *s_kernel_hook, *s_grad_fn, *s_requires_grad;
 
 static int offsets(PyObject *descrs, Py_ssize_t *out, Py_ssize_t n, PyTypeObject **owner)
 {
@@ -149,15 +148,19 @@ static PyObject *make_plan(PyObject *spec)
 static int forward_init(Forward *f, PyObject *args, PyObject *kwds)
 {
     PyObject *tslots, *nslots, *sslots, *cslot, *kslot, *plans, *reference, *grad_accumulator,
-        *sequence, *interceptors, *trackers, *prims_globals, *grad_state, *hooks_state;
+        *sequence, *interceptors, *trackers, *prims_globals, *grad_enabled, *hooks_stack;
     PyTypeObject *tensor;
     Py_ssize_t t[T_N], n[N_N], s[S_N], cv, kv;
     if (!PyArg_ParseTuple(args, "O!OOOOOO!OOOO!O!O!OO", &PyType_Type, &tensor, &tslots,
                           &nslots, &sslots, &cslot, &kslot, &PyDict_Type, &plans, &reference,
                           &grad_accumulator, &sequence, &PyList_Type, &interceptors,
-                          &PyList_Type, &trackers, &PyDict_Type, &prims_globals, &grad_state,
-                          &hooks_state))
+                          &PyList_Type, &trackers, &PyDict_Type, &prims_globals, &grad_enabled,
+                          &hooks_stack))
         return -1;
+    if (!PyContextVar_CheckExact(grad_enabled) || !PyContextVar_CheckExact(hooks_stack)) {
+        PyErr_SetString(PyExc_TypeError, "Forward: grad mode and the hook stack are ContextVars");
+        return -1;
+    }
     PyTypeObject *tensor_base, *saved_type, *counter_type, *node_type, *prim_type;
     if (offsets(tslots, t, T_N, &tensor_base) < 0 || offsets(nslots, n, N_N, &node_type) < 0
         || offsets(sslots, s, S_N, &saved_type) < 0
@@ -200,8 +203,8 @@ static int forward_init(Forward *f, PyObject *args, PyObject *kwds)
     Py_XSETREF(f->interceptors, Py_NewRef(interceptors));
     Py_XSETREF(f->trackers, Py_NewRef(trackers));
     Py_XSETREF(f->prims_globals, Py_NewRef(prims_globals));
-    Py_XSETREF(f->grad_state, Py_NewRef(grad_state));
-    Py_XSETREF(f->hooks_state, Py_NewRef(hooks_state));
+    Py_XSETREF(f->grad_enabled, Py_NewRef(grad_enabled));
+    Py_XSETREF(f->hooks_stack, Py_NewRef(hooks_stack));
     if (f->no_edge == NULL)
         f->no_edge = Py_BuildValue("(Oi)", Py_None, 0);
     return f->no_edge == NULL ? -1 : 0;
@@ -340,11 +343,11 @@ static int unusual(Forward *f)
     PyObject *hook = PyDict_GetItemWithError(f->prims_globals, s_kernel_hook);
     if (hook != NULL && hook != Py_None)
         return 1;
-    PyObject *stack = PyObject_GetAttr(f->hooks_state, s_stack);
-    if (stack == NULL)
+    PyObject *stack;        /* (the variable's own default where unset) */
+    if (PyContextVar_Get(f->hooks_stack, NULL, &stack) < 0)
         return -1;
-    int hooked = stack != Py_None && PyObject_IsTrue(stack);
-    Py_DECREF(stack);
+    int hooked = stack != NULL && stack != Py_None && PyObject_IsTrue(stack);
+    Py_XDECREF(stack);
     return hooked;
 }
 
@@ -410,11 +413,11 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         Py_DECREF(out);
         return result;
     }
-    PyObject *enabled = PyObject_GetAttr(f->grad_state, s_enabled);
-    if (enabled == NULL)
+    PyObject *enabled;
+    if (PyContextVar_Get(f->grad_enabled, NULL, &enabled) < 0)
         goto fail_out;
-    int on = PyObject_IsTrue(enabled);
-    Py_DECREF(enabled);
+    int on = enabled == NULL || PyObject_IsTrue(enabled);
+    Py_XDECREF(enabled);
     if (on <= 0) {
         Py_DECREF(out);
         if (on < 0)
@@ -595,8 +598,8 @@ static int forward_traverse(Forward *f, visitproc visit, void *arg)
     Py_VISIT(f->interceptors);
     Py_VISIT(f->trackers);
     Py_VISIT(f->prims_globals);
-    Py_VISIT(f->grad_state);
-    Py_VISIT(f->hooks_state);
+    Py_VISIT(f->grad_enabled);
+    Py_VISIT(f->hooks_stack);
     Py_VISIT(f->no_edge);
     return 0;
 }
@@ -614,8 +617,8 @@ static int forward_clear(Forward *f)
     Py_CLEAR(f->interceptors);
     Py_CLEAR(f->trackers);
     Py_CLEAR(f->prims_globals);
-    Py_CLEAR(f->grad_state);
-    Py_CLEAR(f->hooks_state);
+    Py_CLEAR(f->grad_enabled);
+    Py_CLEAR(f->hooks_stack);
     Py_CLEAR(f->no_edge);
     return 0;
 }
@@ -650,11 +653,9 @@ PyMODINIT_FUNC PyInit__forward(void)
     if (PyType_Ready(&ForwardType) < 0)
         return NULL;
     s_kernel_hook = PyUnicode_InternFromString("_kernel_hook");
-    s_enabled = PyUnicode_InternFromString("enabled");
-    s_stack = PyUnicode_InternFromString("stack");
     s_grad_fn = PyUnicode_InternFromString("grad_fn");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
-    if (!s_kernel_hook || !s_enabled || !s_stack || !s_grad_fn
+    if (!s_kernel_hook || !s_grad_fn
         || !s_requires_grad)
         return NULL;
     PyObject *m = PyModule_Create(&module);

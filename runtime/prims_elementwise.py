@@ -97,7 +97,11 @@ def _(ctx, g):
 @prim("sign", method="plain", meta=same_meta,
       c=Elementwise("ca_sign_{{ sfx }}({{ a }})"))
 def sign(x):
-    return as_array(np.sign(x))
+    # torch: sign(NaN) is 0 (numpy's is NaN), so abs's gradient at NaN is 0 too
+    out = np.sign(x)
+    if out.dtype.kind == "f":
+        out = np.where(np.isnan(out), out.dtype.type(0), out)
+    return as_array(out)
 
 
 @sign.defvjp
@@ -177,9 +181,10 @@ def relu(x):
 
 @relu.defvjp
 def _(ctx, g):
-    # torch's threshold_backward: the gradient passes where the output is > 0.
+    # torch's threshold_backward: the gradient is 0 where the output is <= 0 and
+    # passes elsewhere, at NaN too (NaN <= 0 is false).
     (out,) = ctx.saved
-    return (ops.where(ops.gt(out, 0.0), g, 0.0),)
+    return (ops.where(ops.ge(0.0, out), 0.0, g),)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -186,8 +186,9 @@ def test_second_cbackward_loads_the_cached_library(cache):
     assert second.library == first.library and first.library.parent == cache
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert stat.S_IMODE(first.library.stat().st_mode) == 0o600
-    assert [p.name for p in cache.iterdir() if not p.name.startswith("ca_threads_")
-            ] == [first.library.name]
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith("ca_threads_")
+                  ) == [first.library.name, first.library.name + ".sha256"]
+    assert stat.S_IMODE(cbuild.hash_path(first.library).stat().st_mode) == 0o600
 
 
 def test_extra_flags_are_part_of_the_library_name(cache, monkeypatch):
@@ -232,7 +233,8 @@ def test_two_processes_building_the_same_source_at_once(cache, tmp_path):
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
     assert [(rc, out.strip()) for out, _, rc in results] == [(0, "True")] * 2, results
     files = sorted(p.name for p in cache.iterdir() if not p.name.startswith("ca_threads_"))
-    assert len(files) == 1 and files[0].endswith(".so"), files
+    assert len(files) == 2 and files[0].endswith(".so"), files     # and its hash
+    assert files[1] == files[0] + ".sha256" and cbuild.check(cache / files[0]) is None
 
 
 # ---------------------------------------------------------------- 5. build errors

@@ -256,7 +256,7 @@ def test_a_release_callback_with_nothing_else_to_do_is_folded_into_the_next():
     folded = [early for site in prog.sites for early in site.early]
     assert folded and all(e.kind == "release" and not (e.alloc or e.open_blocks or
                                                       e.close_blocks) for e in folded)
-    calls = prog.source.count("if (cb(")
+    calls = prog.source.count("if (ca_call_back(cb, ")
     assert calls == len(prog.sites) - len(folded)
     for e in folded:       # not in the C: the next callback drops its arrays first
-        assert f"if (cb({e.index}, NULL))" not in prog.source
+        assert f"if (ca_call_back(cb, {e.index}, NULL))" not in prog.source

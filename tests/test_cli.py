@@ -66,7 +66,7 @@ def test_user_script(tmp_path):
     (["trace", "--nope"], "unrecognized arguments"),
     (["trace", "--example", "mlp", "--d-model", "8"], "does not apply to --example mlp"),
     (["trace", "--script", "x.py", "--checkpoint"], "--script cannot be combined"),
-    (["memory", *SMALL, "--report", "/nonexistent/dir/r.html"], "not a writable directory"),
+    (["memory", *SMALL, "--report", "/nonexistent/dir/r.html"], "does not exist"),
 ])
 def test_errors_are_one_line_exit_2(args, message, capsys):
     assert main(args, out=lambda s: None) == 2

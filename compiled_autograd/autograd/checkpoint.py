@@ -90,7 +90,10 @@ def _metadata(x):
 
 
 class _Handle:
-    """Keys the recomputed tensor; dropping it releases the tensor."""
+    """Holds the recomputed tensor; dropping it releases the tensor. (torch keys
+    a WeakKeyDictionary by it: the same lifetime, without a Python callback at
+    garbage collection, where a KeyboardInterrupt would be lost.)"""
+    __slots__ = ("value",)
 
 
 class _Holder:
@@ -120,7 +123,6 @@ class _Frame:
         self.check_metadata = check_metadata
         self.weak_holders = []
         self.x_metadatas = []
-        self.recomputed = defaultdict(weakref.WeakKeyDictionary)
         self.recomp_counter = defaultdict(int)
         self.is_recomputed = defaultdict(bool)
         self.forward_completed = False
@@ -144,7 +146,7 @@ class _Frame:
             holder = ref()
             if holder is None or holder.handles.get(gid) is None:
                 continue
-            recomputed = _metadata(self.recomputed[gid][holder.handles[gid]])
+            recomputed = _metadata(holder.handles[gid].value)
             if recomputed != self.x_metadatas[idx]:
                 different.append((idx, self.x_metadatas[idx], recomputed))
         if different:
@@ -176,8 +178,8 @@ class _RecomputationHooks(saved_tensors_hooks):
             holder = frame.weak_holders[idx]()
             if holder is not None:  # else that saved value is no longer needed
                 handle = _Handle()
+                handle.value = x
                 holder.handles[gid] = handle
-                frame.recomputed[gid][handle] = x
             if frame.early_stop and frame.recomp_counter[gid] == len(frame.weak_holders):
                 raise _StopRecomputation()
             return x
@@ -220,7 +222,7 @@ class _CheckpointHooks(saved_tensors_hooks):
                     "already unpacked once. If you are calling ctx.saved_tensors in backward, "
                     "make sure to do so only once. Otherwise please open an issue with details "
                     "on your use case.")
-            value = frame.recomputed[gid][holder.handles[gid]]
+            value = holder.handles[gid].value
             holder.handles[gid] = None  # the only strong reference to the handle
             return value
 

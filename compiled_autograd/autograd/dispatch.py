@@ -198,7 +198,7 @@ def forward_config(tensor_type):
             plans,
             lambda prim, args, params: apply_prim_reference(prim, args, params, make),
             grad_accumulator, _node._sequence, _interceptors, _rt_memory._trackers,
-            vars(_prims), grad_mode._state, saved_hooks._state)
+            vars(_prims), grad_mode._enabled, saved_hooks._stack_var)
 
 
 def _apply_prim_general(prim, args, params, make):
@@ -280,10 +280,11 @@ _REBASE_SUFFIX = {
 }
 
 
-def _view_rebase_error(target) -> RuntimeError:
+def _view_rebase_error(target, indirect=False) -> RuntimeError:
     """torch's handle_view_on_rebase: why a view made in a special way (``_creation``:
     "no_grad", "custom_function", "multi_output", or (kind, output_nr, op name) for
-    the outputs of split) may not be modified in place."""
+    the outputs of split) may not be modified in place (``indirect``: its base or
+    another view of it was)."""
     kind, fn, nr = target._creation, target._grad_fn, target._output_nr
     name = None if fn is None else forward_op_name(fn)
     if type(kind) is tuple:
@@ -291,7 +292,9 @@ def _view_rebase_error(target) -> RuntimeError:
     if kind == "no_grad" or name is None:
         prefix = ("A view was created in" if name is None else
                   f"Output {nr} of {name} is a view of a view which was created in")
-        msg = f"{prefix} no_grad mode and is being modified inplace with grad mode enabled."
+        what = ("its base or another view of its base has been modified inplace" if indirect
+                else "is being modified inplace")
+        msg = f"{prefix} no_grad mode and {what} with grad mode enabled."
     else:
         msg = f"Output {nr} of {name} is a view and is being modified inplace."
     return RuntimeError(msg + _REBASE_SUFFIX[kind])

@@ -22,6 +22,7 @@ thread, as torch's ``set_autograd_compiler``); ``backward`` and ``grad`` then ca
 """
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import threading
@@ -70,58 +71,52 @@ def make_root_grads(tensors, grad_tensors, create_graph):
             _rt_memory.on_array(g, "grad_root", "gradient")
             g = t._make(g) if create_graph else g
         else:
-            if not isinstance(g, TensorBase):
-                g = t._make(np.asarray(g, dtype=t.dtype))
+            if not isinstance(g, TensorBase):     # (torch's _make_grads)
+                raise TypeError(f"gradients can be either Tensors or None, but got "
+                                f"{type(g).__name__}")
             if tuple(g.shape) != tuple(t.shape):
                 raise RuntimeError(
                     f"Mismatch in shape: grad_output[{i}] has a shape of "
                     f"{_torch_size(g.shape)} and output[{i}] has a shape of "
                     f"{_torch_size(t.shape)}.")
-            if g.dtype.kind not in "fc":
+            if (g.dtype.kind == "c") != (t.dtype.kind == "c"):
                 raise RuntimeError(f"For complex Tensors, both grad_output and output are "
                                    f"required to have the same dtype. Mismatch in dtype: "
                                    f"grad_output[{i}] has a dtype of {g.dtype} and output[{i}] "
                                    f"has a dtype of {t.dtype}.")
+            if g.dtype != t.dtype:
+                # As torch's validate_outputs: another real dtype (int64, bool, float64
+                # for a float32 output) is cast to the output's.
+                g = g.to(t.dtype) if create_graph else t._make(g._data.astype(t.dtype))
             g = g if create_graph else g._data
         roots.append((edge, g))
     return roots
 
 
 _task_ids = itertools.count()
-class _Running(threading.local):
-    stack = None        # (a class default: no AttributeError caught per lookup)
+# The graph tasks running on this thread, innermost last (a ContextVar: restored
+# by grad_mode.isolated, see run_task)
+_running = contextvars.ContextVar("compiled_autograd.running_tasks", default=())
 
 
-_running = _Running()
+def run_task(task, grad_enabled, fn, *args):
+    """``fn(*args)`` with ``task`` the backward running on this thread (nests), in
+    that grad mode (as torch: a backward records history only under
+    create_graph). Both are restored when ``fn`` returns or raises, whatever
+    exception arrives, wherever (``grad_mode.isolated``: in C, with no Python
+    code a KeyboardInterrupt could land in)."""
+    return _grad_mode.isolated(_enter_task, task, grad_enabled, fn, args)
 
 
-class running:
-    """``with running(task, grad_enabled):`` -- ``task`` is the backward running on
-    this thread while inside (nests), in that grad mode (as torch: a backward
-    records history only under create_graph); both are restored on exit."""
-    __slots__ = ("task", "stack", "grad_enabled", "prev")
-
-    def __init__(self, task, grad_enabled):
-        self.task, self.grad_enabled = task, grad_enabled
-
-    def __enter__(self):
-        stack = self.stack = getattr(_running, "stack", None)
-        if stack is None:
-            stack = self.stack = _running.stack = []
-        self.prev = _grad_mode.is_grad_enabled()
-        stack.append(self.task)
-        _grad_mode._set(self.grad_enabled)
-        return self.task
-
-    def __exit__(self, *exc):
-        _grad_mode._set(self.prev)
-        self.stack.pop()
-        return False
+def _enter_task(task, grad_enabled, fn, args):
+    _running.set(_running.get() + (task,))
+    _grad_mode._set(grad_enabled)
+    return fn(*args)
 
 
 def current_graph_task():
     """The backward running on this thread (innermost), or None."""
-    stack = getattr(_running, "stack", None)
+    stack = _running.get()
     return stack[-1] if stack else None
 
 
@@ -368,16 +363,15 @@ def _reentrant_aware(run):
     if current_graph_task() is None:
         return run()
     if _reentrant.hop_needed():
-        tasks = list(_running.stack)
+        tasks = _running.get()
         compilers = list(getattr(_compilers, "stack", None) or ())
 
         def install():
-            _running.stack = list(tasks)
+            _running.set(tasks)
             _compilers.stack = list(compilers)
 
         return _reentrant.on_fresh_thread(lambda: _reentrant_aware(run), install)
-    with _reentrant.nested():
-        return run()
+    return _reentrant.nested(run)
 
 
 def execute_here(roots, keep_graph, create_graph, input_edges, accumulate, make):
@@ -406,9 +400,10 @@ def execute_here(roots, keep_graph, create_graph, input_edges, accumulate, make)
             fn.release_variables()
         return outputs
 
-    with running(task, create_graph), (
-            _rt_memory.category("gradient") if accounting else nullcontext()):
-        walk(task, roots, visit)
+    def run():
+        with _rt_memory.category("gradient") if accounting else nullcontext():
+            walk(task, roots, visit)
+    run_task(task, create_graph, run)
     return captured
 
 

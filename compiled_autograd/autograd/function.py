@@ -291,11 +291,17 @@ class Function(metaclass=_FunctionMeta):
         outs = (outputs,) if single else outputs
         inputs = {id(a) for a in args if isinstance(a, Tensor)}
         if not (is_grad_enabled() and any(needs)):
-            # (torch marks the views made inside the forward all the same)
+            # (torch marks the views made inside the forward all the same; an input
+            # returned as-is comes back as an alias of it, which records nothing:
+            # torch's _view_as_self_with_no_grad)
+            aliased = []
             for o in outs:
-                if isinstance(o, Tensor) and o._base is not None and id(o) not in inputs:
+                if isinstance(o, Tensor) and id(o) in inputs:
+                    o = o.detach()
+                elif isinstance(o, Tensor) and o._base is not None:
                     o._creation = "custom_function"
-            return outputs
+                aliased.append(o)
+            return aliased[0] if single else tuple(aliased)
         edges = [gradient_edge(a) if n else (None, 0) for a, n in zip(args, needs)]
         Node.__init__(ctx, edges, [(o.shape, o.dtype) if isinstance(o, Tensor) else None
                                    for o in outs])

@@ -15,12 +15,15 @@ import weakref
 
 import numpy as np
 
+from compiled_autograd.autograd.node import Node
 from compiled_autograd.autograd.tensor import Tensor
 from runtime import memory
 from compiled_autograd.autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
                                            saved_tensors_hooks)
 
-__all__ = ["saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_disk",
+# Node: the base every autograd node is an instance of (torch.autograd.graph.Node):
+# name(), next_functions, metadata, register_hook, register_prehook
+__all__ = ["Node", "saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_disk",
            "current_hooks"]
 
 class _PrivateDirectory:
@@ -98,10 +101,14 @@ class save_on_disk(saved_tensors_hooks):
 
     @staticmethod
     def _unpack(handle):
-        arr = np.fromfile(handle.path, dtype=handle.dtype)
-        if arr.nbytes != handle.nbytes:
+        # Read into an array of the saved shape: it owns its memory (no reshape of
+        # a flat array, and no ``arr.shape = ...``, which numpy 2.5 deprecates).
+        arr = np.empty(handle.shape, dtype=handle.dtype)
+        with open(handle.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            read = f.readinto(arr.reshape(-1).view(np.uint8)) if size == handle.nbytes else -1
+        if read != handle.nbytes:
             raise RuntimeError(f"save_on_disk: the file {handle.path} holding a saved tensor "
-                               f"was changed: {arr.nbytes} bytes, expected {handle.nbytes}")
-        arr.shape = handle.shape  # in place: the array stays its memory's owner
+                               f"was changed: {size} bytes, expected {handle.nbytes}")
         memory.on_array(arr, "reload", "reloaded")
         return Tensor._make(arr)

@@ -256,8 +256,9 @@ def accumulate_into(variable, g, owned=False) -> None:
     lock = variable._grad_lock
     if lock is None:
         lock = _leaf_lock(variable)
-    lock.acquire()      # (not ``with``: this is per leaf and per backward, and ``with`` costs 3x)
-    try:
+    # (``with``: a KeyboardInterrupt landing between acquire() and a try would
+    # leave the lock held, and the next backward into this leaf would hang)
+    with lock:
         grad = variable._grad
         if type(g) is not np.ndarray:
             # A copy (differentiable): g may be shared with another leaf or be the
@@ -279,8 +280,6 @@ def accumulate_into(variable, g, owned=False) -> None:
         else:
             np.add(grad._data, g, out=grad._data, casting="same_kind")
             grad._version_counter.bump()
-    finally:
-        lock.release()
 
 
 def gradient_edge(t):

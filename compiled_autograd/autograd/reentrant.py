@@ -17,33 +17,33 @@ and compiler stack), and re-raises in the caller whatever the backward raised.
 """
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
-from contextlib import contextmanager
 
 from compiled_autograd.autograd import saved_hooks as _saved_hooks
-from compiled_autograd.autograd.grad_mode import is_grad_enabled, set_grad_enabled
+from compiled_autograd.autograd.grad_mode import is_grad_enabled, isolated, set_grad_enabled
 from runtime import memory as _rt_memory
 
 MAX_DEPTH = 60                  # torch's reentrant depth per thread
 STACK_SIZE = 64 * 1024 * 1024   # each hop thread's C stack (MAX_DEPTH levels need ~1 MB)
 
-_state = threading.local()
+# (a ContextVar, restored by grad_mode.isolated: see nested)
+_depth = contextvars.ContextVar("compiled_autograd.reentrant_depth", default=0)
+#: depth() -> int: how many reentrant backwards are running on this thread (0 on a
+#: hop thread)
+depth = _depth.get
 
 
-def depth() -> int:
-    """How many reentrant backwards are running on this thread (0 on a hop thread)."""
-    return getattr(_state, "depth", 0)
+def nested(fn):
+    """``fn()``, counted as one more reentrant backward on this thread; the count is
+    back when it returns or raises, wherever an exception arrives."""
+    return isolated(_nested, fn)
 
 
-@contextmanager
-def nested():
-    """Count one more reentrant backward on this thread while inside."""
-    _state.depth = depth() + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
+def _nested(fn):
+    _depth.set(_depth.get() + 1)
+    return fn()
 
 
 def _frames_in_use() -> int:

@@ -1,42 +1,40 @@
 """The saved-tensor hook stack (thread-local, innermost pair wins). Public names are
 re-exported by ``ca.autograd.graph``; this module has no dependencies so that
-SavedVariable can consult it."""
+SavedVariable can consult it.
+
+The stack and the disabling message are ``ContextVar``s (thread-local: each thread
+has its own context): whatever a backward pushes -- a checkpoint's recomputation
+hooks -- is gone when the backward ends, however it ends (``grad_mode.isolated``),
+even if a KeyboardInterrupt lands in the ``__exit__`` that pops it."""
 from __future__ import annotations
 
-import threading
+import contextvars
 
-class _State(threading.local):
-    # (Class defaults: current_hooks runs for every saved value, and getattr of an
-    # unset thread-local attribute costs an AttributeError raised and caught.)
-    stack = None
-    disabled = None
+_stack_var = contextvars.ContextVar("compiled_autograd.saved_tensors_hooks", default=())
+_disabled = contextvars.ContextVar("compiled_autograd.saved_tensors_hooks_disabled",
+                                   default=None)
 
 
-_state = _State()
-
-
-def _stack():
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    return stack
+def _stack() -> tuple:
+    return _stack_var.get()
 
 
 def thread_state():
     """This thread's hook stack and disabling message (for a thread that continues
     this thread's work: the engine's reentrant backward on a fresh thread)."""
-    return list(_stack()), getattr(_state, "disabled", None)
+    return _stack_var.get(), _disabled.get()
 
 
 def set_thread_state(state) -> None:
     """Install ``thread_state()`` of another thread on this one."""
-    stack, _state.disabled = state
-    _state.stack = list(stack)
+    stack, disabled = state
+    _stack_var.set(tuple(stack))
+    _disabled.set(disabled)
 
 
 def current_hooks():
     """The innermost (pack, unpack, kind) triple, or None. Hot path: keep it cheap."""
-    stack = getattr(_state, "stack", None)
+    stack = _stack_var.get()
     return stack[-1] if stack else None
 
 
@@ -62,16 +60,16 @@ class saved_tensors_hooks:
         self.unpack_hook = unpack_hook
 
     def __enter__(self):
-        message = getattr(_state, "disabled", None)
+        message = _disabled.get()
         if message is not None and self.kind != "recipe":
             # (a memory plan's are no user's hooks: they replace values by how to
             # make them again, exactly; disabling hooks does not refuse them)
             raise RuntimeError(message)
-        _stack().append((self.pack_hook, self.unpack_hook, self.kind))
+        _stack_var.set(_stack_var.get() + ((self.pack_hook, self.unpack_hook, self.kind),))
         return self
 
     def __exit__(self, *exc):
-        _stack().pop()
+        _stack_var.set(_stack_var.get()[:-1])
         return False
 
 
@@ -84,10 +82,10 @@ class disable_saved_tensors_hooks:
     def __enter__(self):
         if any(hooks[2] != "recipe" for hooks in _stack()):
             raise RuntimeError(self.error_message)  # as torch: hooks already active
-        self._prev = getattr(_state, "disabled", None)
-        _state.disabled = self.error_message
+        self._prev = _disabled.get()
+        _disabled.set(self.error_message)
         return self
 
     def __exit__(self, *exc):
-        _state.disabled = self._prev
+        _disabled.set(self._prev)
         return False

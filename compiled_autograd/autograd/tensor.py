@@ -58,6 +58,8 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
         """After an in-place change through the base or another view, this view's
         history is a view (as_strided) of the base's new history."""
         base = self._base
+        if self._creation == "no_grad" and dispatch._needs_grad(base):
+            raise dispatch._view_rebase_error(self, indirect=True)     # (torch's, each time)
         self._view_version = self._version_counter.value
         if self._grad_fn is None and (self._requires_grad or self._creation == "no_grad"):
             return  # a leaf view given requires_grad itself, or one made without history
@@ -76,11 +78,15 @@ class Tensor(TensorBase, TensorMethods, InplaceMethods):
 
     @property
     def requires_grad(self) -> bool:
-        return self._requires_grad or self.grad_fn is not None
+        # (torch's: a view's includes its base's -- a view made in no_grad mode of
+        # a leaf that requires grad requires grad too, and is a leaf)
+        return (self._requires_grad or self._grad_fn is not None
+                or (self._base is not None and self._base.requires_grad))
 
     @requires_grad.setter
     def requires_grad(self, value):
-        value = bool(value)
+        if not isinstance(value, bool):            # (torch: 1 is refused too)
+            raise RuntimeError("requires_grad must be a bool")
         if self.grad_fn is not None:
             if not value:
                 raise RuntimeError(

@@ -424,6 +424,17 @@ def _split(self, split_size_or_sections, dim=0):
     return tuple(out)
 
 
+def _unbind(self, dim=0):
+    """torch's unbind: the slices along ``dim``, each without that dimension (views
+    of a function that returns several: none may be modified in place)."""
+    d = norm_dim(dim, self.ndim)
+    out = tuple(_select(self, d, i) for i in range(self.shape[d]))
+    if is_grad_enabled():
+        for i, view in enumerate(out):
+            view._creation = ("multi_output", i, "Unbind")
+    return out
+
+
 def _chunk(self, chunks, dim=0):
     n = self.shape[norm_dim(dim, self.ndim)]
     return _split(self, max(-(-n // chunks), 1), dim)
@@ -579,5 +590,6 @@ class TensorMethods(type("PrimMethods", (), dict(TABLE_METHODS, __slots__=()))):
     select = _select
     split = _split
     chunk = _chunk
+    unbind = _unbind
     masked_fill = lambda self, mask, value: ops.masked_fill(self, mask,
                                                             _as_tensor(value, self._make))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import compiled_args, hook_calls, tracer
+from compiled_autograd.compiled import cache, compiled_args, hook_calls, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
@@ -171,6 +171,10 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     """Run a backward through compiled autograd as ``context`` (the
     compiled_backward in force) says. Returns the captured gradients (arrays) at ``input_edges``."""
     task, collected, entry = lookup(roots, input_edges, accumulate, context)
+    if entry is None:         # past the recompile limit (cache.recompile_limit): eager
+        collected.clear()     # the eager engine's nodes own the saved values
+        return list(engine.execute_here(roots, retain_graph, False, input_edges, accumulate,
+                                        make=Tensor._make))
     calls_python = bool(entry.backward_calls)      # (a graph with call_backward nodes)
     family = families.get(entry.key) if calls_python else None
     if family is not None and not family.nones_seen:
@@ -191,7 +195,6 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         for sv in collected.saved:      # (the plain ones are released already)
             if not sv.released:
                 sv.release()
-    if release:
         collected.recipe_objects.clear()  # (their kept arrays now live in the inputs only)
         for fn in collected.release_nodes:
             fn.release_variables()
@@ -200,20 +203,26 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     del values
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
-    with engine.running(task, False):
-        if not calls_python and not _memory.active():
-            out = entry.fn(inputs, collected.sizes, collected.scalars, collected.hooks,
-                           collected.packed_data)
-        else:
-            with hook_calls.learning() if calls_python else nullcontext() as returned_nones, \
-                    _memory.category("gradient") if _memory.active() else nullcontext():
-                try:
-                    out = entry.fn(inputs, collected.sizes, collected.scalars,
-                                   collected.hooks, collected.packed_data)
-                finally:
-                    if returned_nones:
-                        _relearn(entry.key, task, returned_nones)
+    if not calls_python and not _memory.active():
+        out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
+                              collected.scalars, collected.hooks, collected.packed_data)
+    else:
+        out = engine.run_task(task, False, _call_learning, task, entry, calls_python, inputs,
+                              collected)
     return list(out) if out is not None else []
+
+
+def _call_learning(task, entry, calls_python, inputs, collected):
+    """The compiled function's call, noting which gradients custom backwards
+    return as None, and accounting memory while a profile records."""
+    with hook_calls.learning() if calls_python else nullcontext() as returned_nones, \
+            _memory.category("gradient") if _memory.active() else nullcontext():
+        try:
+            return entry.fn(inputs, collected.sizes, collected.scalars, collected.hooks,
+                            collected.packed_data)
+        finally:
+            if returned_nones:
+                _relearn(entry.key, task, returned_nones)
 
 
 def _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry):
@@ -250,7 +259,9 @@ def _relearn(cache_key, task, returned_nones):
 def lookup(roots, input_edges, accumulate, context):
     """(task, collected args, CompiledBackward): collect the key and the runtime
     values by walking the graph, look the key up, and on a miss trace and compile.
-    This is all a cache hit costs before the compiled function runs."""
+    This is all a cache hit costs before the compiled function runs. The
+    CompiledBackward is None for a structure past ``cache.recompile_limit`` graphs:
+    it runs eagerly."""
     task, collected, key = _prepare(roots, input_edges, accumulate, record=False)
     # The compiler's id is part of the key; its family holds the compiler itself,
     # so that id is never handed on to another callable while the entry exists.
@@ -259,6 +270,9 @@ def lookup(roots, input_edges, accumulate, context):
     family = families.get(cache_key)
     entry = family.lookup(sizes, scalars) if family is not None else None
     if entry is None:
+        if family is not None and len(family.entries) >= cache.recompile_limit:
+            family.over_limit(sizes)     # warns once: this backward runs eagerly
+            return task, collected, None
         # The tracer needs to know where each value sits: collect again, recording.
         collected = compiled_args.collect(task, roots, record=True)
         entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, context)

@@ -6,13 +6,22 @@ between calls of one structure becomes dynamic (``Family``: the compiled graphs 
 one key, for different sizes, each with its guards). ``CA_LOGS=graph`` logs each new
 graph, ``CA_LOGS=verbose`` also why the cache missed, through the logger
 ``compiled_autograd``.
+
+The cache is bounded as torch's (``torch._dynamo.config.recompile_limit``, 8): a
+structure holds at most ``recompile_limit`` graphs (``CA_RECOMPILE_LIMIT``, default
+8). Past it, its backwards run on the eager engine, and a warning says so once,
+naming the sizes that kept changing (e.g. a LayerNorm over 300 widths, whose
+width the graph specializes on). So a lookup is one dict probe for the structure
+and at most ``recompile_limit`` guard checks, whatever the number of entries.
 """
 from __future__ import annotations
 
 import logging
 import operator
 import os
+import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 from compiled_autograd.ir.symbolic import guards_hold
@@ -68,6 +77,22 @@ class Family:
     # makes them None in the graph.
     none_masks: dict = field(default_factory=dict)
     nones_seen: bool = False   # a backward of this structure ran eagerly to learn them
+    warned: bool = False       # over_limit warned
+
+    def over_limit(self, sizes):
+        """A miss past ``recompile_limit``: warn once, naming the sizes that changed."""
+        if self.warned:
+            return
+        self.warned = True
+        changed = [f"s{p}: {a} -> {b}" for p, (a, b) in enumerate(zip(self.last_sizes, sizes))
+                   if a != b]
+        what = ", ".join(changed) if changed else "none (a guard on a scalar or size failed)"
+        warnings.warn(f"compiled autograd: this backward's structure reached the recompile "
+                      f"limit ({recompile_limit} graphs, CA_RECOMPILE_LIMIT); its backwards "
+                      f"now run on the eager engine. The values that changed since the last "
+                      f"graph: {what}. (Sizes that change every call: compiled_backward("
+                      f"dynamic=True) lifts them from the start.)", RuntimeWarning,
+                      stacklevel=_user_stacklevel())
 
     def lookup(self, sizes, scalars):
         for static, guards, entry in self.entries:
@@ -88,6 +113,20 @@ def static_check(sizes, dynamic):
     expected = pick(sizes)
     return lambda s: pick(s) == expected
 
+
+def _user_stacklevel():
+    """The warnings stacklevel of the first caller outside this package (the
+    user's ``backward()``), seen from ``Family.over_limit``."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+#: The most graphs one structure (one key) compiles; then it runs eagerly (torch's
+#: recompile_limit)
+recompile_limit = int(os.environ.get("CA_RECOMPILE_LIMIT", "8"))
 
 families: dict = {}   # key -> Family
 lock = threading.Lock()

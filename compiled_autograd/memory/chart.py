@@ -29,6 +29,7 @@ RECOMPUTE_COLOR = "#17706a"
 RELOAD_COLOR = "#2d6a24"
 PEAK_COLOR = "#b2182b"
 PLANNED_COLOR = "#222222"
+BUDGET_COLOR = "#1a9850"
 
 MAX_POINTS = 2000
 
@@ -42,13 +43,14 @@ def _has(e, key):
 
 
 def format_bytes(n) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (B, KiB, MiB, GiB, TiB)."""
+    """``1536`` -> ``"1.50 KiB"`` (B, KiB, MiB, GiB, TiB; two decimals, as the
+    command line's tables)."""
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.2f} TiB"
 
 
 # ---------------------------------------------------------------- the series
@@ -232,8 +234,9 @@ def _hover(events, series, keep, X, top, plot_h, steps, alignment):
     return cols
 
 
-def chart(events, series, steps, alignment):
-    """Every number the template's SVG needs (see the module doc)."""
+def chart(events, series, steps, alignment, budget=None):
+    """Every number the template's SVG needs (see the module doc); ``budget``: a
+    memory plan's budget in bytes, drawn as a horizontal line."""
     W = 1100
     left, right, top = 84, 24, 46
     plot_w = W - left - right
@@ -243,7 +246,8 @@ def chart(events, series, steps, alignment):
 
     cats = _categories_present(events)
     planned = steps or []
-    ymax = max([s["total"] for s in series] + [s.peak_bytes for s in planned] + [0])
+    ymax = max([s["total"] for s in series] + [s.peak_bytes for s in planned] + [0]
+               + ([budget] if budget else []))
     yticks, ytop = _byte_ticks(ymax if ymax > 0 else 1024)
 
     def X(i):
@@ -296,6 +300,10 @@ def chart(events, series, steps, alignment):
         legend.append({"label": "reload", "kind": "triangle", "color": RELOAD_COLOR})
     if planned:
         legend.append({"label": "planned", "kind": "dashed", "color": PLANNED_COLOR})
+    budget_line = None
+    if budget:
+        budget_line = {"y": _r(Y(budget)), "label": f"budget {format_bytes(budget)}"}
+        legend.append({"label": "budget", "kind": "dashed", "color": BUDGET_COLOR})
     legend_top = bottom + 76
     legend_h = _legend_rows(legend, left, plot_w, 22)
 
@@ -306,10 +314,11 @@ def chart(events, series, steps, alignment):
         "peak": peak, "recompute_x": recompute_x, "reload_x": reload_x,
         "marker_y": marker_y, "marker_len": 10, "reload_y": marker_y + 12,
         "planned": planned_pts, "planned_dots": 0 < len(planned_pts) <= 120, "hover": hover,
+        "budget": budget_line,
         "y_ticks": y_ticks, "x_ticks": x_ticks,
         "legend": legend, "legend_top": legend_top, "empty": n == 0,
         "x_label_y": bottom + 60, "x_tick_label_y": bottom + 40, "y_label_x": 18, "y_label_y": _r(top + plot_h / 2),
         "colors": {"peak": PEAK_COLOR, "recompute": RECOMPUTE_COLOR, "reload": RELOAD_COLOR,
-                   "planned": PLANNED_COLOR},
+                   "planned": PLANNED_COLOR, "budget": BUDGET_COLOR},
         "downsampled": len(keep) < n, "points": len(keep), "events": n,
     }

@@ -139,14 +139,15 @@ def _peak_row(events, series, pi, steps, alignment):
 
 
 def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=None,
-                run=None, notes=(), recomputed=None, planned_start=0) -> str:
+                run=None, notes=(), recomputed=None, planned_start=0, budget=None) -> str:
     """A self-contained HTML page: which run (``run``), summary table, stacked SVG
     chart of live bytes by category over the events (peak, recompute/reload
     markers, the plan ``planned`` -- a ``MemorySchedule`` -- placed on the same
     events from event ``planned_start`` on, a tooltip per event), what the words
     mean, bytes by category and the largest values live at the peak. ``notes``:
     lines shown under the summary. ``recomputed``: the values a memory plan
-    recomputes (``plan.recomputed``), listed under ``RECOMPUTED_TITLE``."""
+    recomputes (``plan.recomputed``), listed under ``RECOMPUTED_TITLE``; ``budget``
+    its budget in bytes, drawn on the chart."""
     events, steps, alignment = _prepare(events, planned, planned_start)
     series = live_series(events)
     pi = _peak_index(series)
@@ -172,7 +173,8 @@ def render_html(events, *, title, peak_bytes=None, planned=None, summary_rows=No
     for r in largest:
         r["made_by"] = _made_by(r)
     return _env().get_template("report.html.j2").render(
-        title=str(title), summary=rows, chart=chart(events, series, steps, alignment),
+        title=str(title), summary=rows, chart=chart(events, series, steps, alignment, budget),
+        peak_calls=series[pi]["step"] if series else 0,
         categories=_category_rows(series, pi), largest=largest, largest_title=LARGEST_TITLE,
         colors=COLORS, notes=[str(n) for n in notes], planned=bool(steps),
         recompute=any(s.event == "recompute" for s in steps or ()),
@@ -287,7 +289,10 @@ def _atomic_write(path, data) -> None:
     directory and ``os.replace``: a failure leaves no partial file."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:        # (named by the user's path, not the temporary one's)
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -297,11 +302,13 @@ def _atomic_write(path, data) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.filename == tmp:
+            raise type(e)(e.errno, e.strerror, str(path)) from None
         raise
 
 
@@ -315,6 +322,7 @@ def write_report(events, path, **kw) -> None:
     elif suffix == ".txt":
         kw.setdefault("title", "memory report")
         kw.pop("summary_rows", None)    # the page's extra rows: not in text
+        kw.pop("budget", None)          # (in the text, a row of the summary)
         text = render_text(events, **kw)
     elif suffix == ".json":
         kw.pop("planned", None)         # the plan is not part of the events
