@@ -23,7 +23,7 @@ The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
 and fresh parameters. For the large MLP the step is set beside its floor: the
 "c" backward's GEMM calls alone (``backward.gemm_floor``) plus the forward's
-matmuls alone (numpy, the same shapes).
+matmuls alone (numpy, the same shapes), measured in turns with the "c" step.
 
     python benchmarks/step.py [--reps N] [--cases a,b]
 """
@@ -217,13 +217,15 @@ def measure_case(case, reps, modes):
             out[f"{kind}:{m}"] = {"forward": fw, "backward": bw, "step": st,
                                   "nodes": runners[m][1]}
     if case == "large_mlp" and "c" in modes and "torch" in modes:
-        out["floor"] = _step_floor(case, reps)
+        out["floor"] = _step_floor(case, reps, _runner("c", case, False)[0])
     return out
 
 
-def _step_floor(case, reps):
+def _step_floor(case, reps, step, rounds=3):
     """The large MLP's step floor: its "c" backward's GEMMs alone plus its forward's
-    matmuls alone (numpy, as the forward makes them)."""
+    matmuls alone (numpy, as the forward makes them), measured in turns with the
+    "c" step (``rounds`` rounds, so that both see the same machine, as
+    backward.py's floor): the medians, and the median of the rounds' ratios."""
     import numpy as np
     from backward import gemm_floor
     backward_once, _ = gemm_floor(case)
@@ -240,7 +242,14 @@ def _step_floor(case, reps):
             times.append(time.perf_counter() - start)
         return statistics.median(times[2:])
     n = max(5, reps)
-    return {"backward gemms": backward_once(n), "forward gemms": forward_once(n)}
+    backs, fores, steps = [], [], []
+    for _ in range(rounds):
+        backs.append(backward_once(n))
+        fores.append(forward_once(n))
+        steps.append(statistics.median(sum(step()) for _ in range(n)))
+    return {"backward gemms": statistics.median(backs), "forward gemms": statistics.median(fores),
+            "c step": statistics.median(steps),
+            "ratio": statistics.median(s / (b + f) for s, b, f in zip(steps, backs, fores))}
 
 
 def worker(reps, cases, eager_only=None):
@@ -319,10 +328,10 @@ def report(results, threads, eager_only=None):
         if "floor" in row:
             fl = row["floor"]
             floor = fl["backward gemms"] + fl["forward gemms"]
-            step = row["reused:c"]["step"]
-            print(f"{case} floor: backward GEMMs {_fmt(fl['backward gemms'])} + forward GEMMs "
-                  f"{_fmt(fl['forward gemms'])} = {_fmt(floor)}; \"c\" step {_fmt(step)} "
-                  f"({step / floor:.2f}x the floor)")
+            print(f"{case} floor, in turns with the \"c\" step (3 rounds): backward GEMMs "
+                  f"{_fmt(fl['backward gemms'])} + forward GEMMs {_fmt(fl['forward gemms'])} = "
+                  f"{_fmt(floor)}; \"c\" step {_fmt(fl['c step'])} ({fl['ratio']:.2f}x the "
+                  "floor, the median of the rounds' ratios)")
 
 
 def main():
