@@ -15,9 +15,9 @@ gradients are dropped between steps (``p.grad = None``, untimed).
 - "fresh": new leaf tensors every step, from the same arrays (a numpy user who
   keeps the weights as arrays and wraps them each step); wrapping is not timed.
 
-At 1 thread two more processes run only eager steps, one of them after a compiled
-backward: the forward in a process that never used compiled autograd beside the
-forward after its first use.
+At 1 thread more processes run only eager steps, half of them after a compiled
+backward (three of each, alternating; the median process): the forward in a
+process that never used compiled autograd beside the forward after its first use.
 
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
@@ -317,8 +317,8 @@ def report(results, threads, eager_only=None):
         print(f"{case:<17}{_fmt(r):>10}{_fmt(f):>10}{f / r:>14.2f}{tc}")
     if eager_only:
         never, after = eager_only
-        print("eager steps only: the forward in a process that never used compiled "
-              "autograd, and in one that ran a compiled backward first")
+        print("eager steps only: the forward in processes that never used compiled "
+              "autograd, and in ones that ran a compiled backward first (median of 3 each)")
         print(f"{'case':<17}{'never used':>12}{'after use':>12}{'ratio':>7}")
         for case in results:
             a = never[case]["reused:eager"]["forward"]
@@ -363,16 +363,25 @@ def main():
         if threads == "1":
             env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                        CA_BENCH_THREADS="1")
-        runs = []
-        extras = ([], ["--eager-only", "never-used"], ["--eager-only", "after-use"])
-        for extra in extras if threads == "1" else ([],):
+        def run(extra):
             proc = subprocess.run([sys.executable, __file__, "--worker", "--reps",
                                    str(args.reps), "--cases", ",".join(cases)] + extra,
                                   env=env, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"worker failed ({threads} thread):\n{proc.stderr}")
-            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        report(runs[0], threads, runs[1:] if len(runs) > 1 else None)
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        main_run, eager_only = run([]), None
+        if threads == "1":
+            # Processes differ by more than the forward does: three of each kind,
+            # alternating; each case's median process.
+            kinds = {"never-used": [], "after-use": []}
+            for _ in range(3):
+                for kind, got in kinds.items():
+                    got.append(run(["--eager-only", kind]))
+            eager_only = [{case: {"reused:eager": {"forward": statistics.median(
+                r[case]["reused:eager"]["forward"] for r in got)}} for case in cases}
+                for got in kinds.values()]
+        report(main_run, threads, eager_only)
 
 
 if __name__ == "__main__":
