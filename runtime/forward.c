@@ -46,6 +46,7 @@ typedef struct { int kind, index, cond; } SaveItem;
 typedef struct {
     PyObject *cls, *name;               /* name: the node class's, for a saved output */
     int view, differentiable, n_save;
+    int min_args;                       /* the save spec's largest index + 1 */
     SaveItem *save;
 } Plan;
 
@@ -141,6 +142,10 @@ static PyObject *make_plan(PyObject *spec)
             Py_DECREF(capsule);
             return NULL;
         }
+        if (s->kind == SAVE_ARG && s->index + 1 > p->min_args)
+            p->min_args = s->index + 1;
+        if (s->cond + 1 > p->min_args)
+            p->min_args = s->cond + 1;
     }
     return capsule;
 }
@@ -218,19 +223,18 @@ static inline void put(PyObject *obj, Py_ssize_t offset, PyObject *value)
     Py_XDECREF(old);
 }
 
+static PyObject *nones(Py_ssize_t n);
+
 static PyObject *shape_tuple(PyArrayObject *a)
 {
     int nd = PyArray_NDIM(a);
-    PyObject *t = PyTuple_New(nd);
-    if (t == NULL)
-        return NULL;
-    for (int i = 0; i < nd; i++) {
+    PyObject *t = nones(nd);
+    for (int i = 0; t != NULL && i < nd; i++) {
         PyObject *d = PyLong_FromSsize_t(PyArray_DIM(a, i));
-        if (d == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(t, i, d);
+        if (d == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SetItem(t, i, d);
     }
     return t;
 }
@@ -269,30 +273,36 @@ static PyObject *new_tensor(Forward *f, PyObject *data)
 static PyObject *new_saved(Forward *f, PyObject *tensor, int is_output, PyObject *name)
 {
     const Py_ssize_t *o = f->s, *t = f->t;
-    PyObject *data = SLOT(tensor, t[T_DATA]), *grad_fn = SLOT(tensor, t[T_GRAD_FN]);
-    PyObject *base = SLOT(tensor, t[T_BASE]), *counter = SLOT(tensor, t[T_VERSION_COUNTER]);
+    /* (held, not borrowed: the requires_grad property and the allocations below
+       may run Python code, a garbage collection's callbacks too) */
+    PyObject *data = Py_XNewRef(SLOT(tensor, t[T_DATA]));
+    PyObject *grad_fn = Py_XNewRef(SLOT(tensor, t[T_GRAD_FN]));
+    PyObject *counter = Py_XNewRef(SLOT(tensor, t[T_VERSION_COUNTER]));
+    PyObject *output_nr = Py_XNewRef(SLOT(tensor, t[T_OUTPUT_NR]));
+    PyObject *base = SLOT(tensor, t[T_BASE]);
+    PyObject *requires_grad = NULL, *version = NULL, *shape = NULL, *sv = NULL;
     if (data == NULL || grad_fn == NULL || base == NULL || counter == NULL
-        || !PyArray_CheckExact(data)) {
+        || output_nr == NULL || !PyArray_CheckExact(data)) {
         PyErr_SetString(PyExc_TypeError, "Forward: a saved tensor without its fields");
-        return NULL;
+        goto done;
     }
-    PyObject *requires_grad;
     if (base != Py_None) {
         requires_grad = PyObject_GetAttr(tensor, s_requires_grad);   /* (a view's) */
         if (requires_grad == NULL)
-            return NULL;
+            goto done;
     } else {
         PyObject *own = SLOT(tensor, t[T_REQUIRES_GRAD]);
         requires_grad = Py_NewRef((own == Py_True || grad_fn != Py_None) ? Py_True : Py_False);
     }
-    PyObject *version = SLOT(counter, f->counter_value);
-    PyObject *shape = shape_tuple((PyArrayObject *)data);
-    PyObject *sv = shape && version ? f->saved->tp_alloc(f->saved, 0) : NULL;
+    version = Py_XNewRef(SLOT(counter, f->counter_value));
+    shape = version ? shape_tuple((PyArrayObject *)data) : NULL;
+    sv = shape ? f->saved->tp_alloc(f->saved, 0) : NULL;
     if (sv == NULL) {
-        Py_DECREF(requires_grad);
-        Py_XDECREF(shape);
-        return NULL;
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "Forward: a version counter without its value");
+        goto done;
     }
+    /* (no allocation from here on: nothing runs while the fields are being set) */
     SLOT(sv, o[S_PACKED]) = Py_NewRef(Py_None);
     SLOT(sv, o[S_UNPACK_HOOK]) = Py_NewRef(Py_None);
     SLOT(sv, o[S_GRAD_FN]) = Py_NewRef(Py_None);
@@ -302,12 +312,12 @@ static PyObject *new_saved(Forward *f, PyObject *tensor, int is_output, PyObject
     SLOT(sv, o[S_VERSION_COUNTER]) = Py_NewRef(counter);
     SLOT(sv, o[S_SAVED_VERSION]) = Py_NewRef(version);
     SLOT(sv, o[S_IS_OUTPUT]) = Py_NewRef(is_output ? Py_True : Py_False);
-    SLOT(sv, o[S_SHAPE]) = shape;
+    SLOT(sv, o[S_SHAPE]) = Py_NewRef(shape);
     SLOT(sv, o[S_DTYPE]) = Py_NewRef((PyObject *)PyArray_DESCR((PyArrayObject *)data));
     SLOT(sv, o[S_RELEASED]) = Py_NewRef(Py_False);
-    SLOT(sv, o[S_OUTPUT_NR]) = Py_NewRef(SLOT(tensor, t[T_OUTPUT_NR]));
+    SLOT(sv, o[S_OUTPUT_NR]) = Py_NewRef(output_nr);
     SLOT(sv, o[S_GRAD_FN_NAME]) = Py_NewRef(name != NULL ? name : Py_None);
-    SLOT(sv, o[S_REQUIRES_GRAD]) = requires_grad;
+    SLOT(sv, o[S_REQUIRES_GRAD]) = Py_NewRef(requires_grad);
     if (is_output && grad_fn != Py_None) {
         SLOT(sv, o[S_TENSOR]) = Py_NewRef(Py_None);     /* (no node -> tensor -> node) */
         SLOT(sv, o[S_DATA]) = Py_NewRef(data);
@@ -315,12 +325,43 @@ static PyObject *new_saved(Forward *f, PyObject *tensor, int is_output, PyObject
         SLOT(sv, o[S_TENSOR]) = Py_NewRef(tensor);
         SLOT(sv, o[S_DATA]) = Py_NewRef(Py_None);
     }
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(grad_fn);
+    Py_XDECREF(counter);
+    Py_XDECREF(output_nr);
+    Py_XDECREF(requires_grad);
+    Py_XDECREF(version);
+    Py_XDECREF(shape);
     return sv;
 }
 
 static inline int is_tensor(Forward *f, PyObject *a)
 {
     return PyObject_TypeCheck(a, f->tensor_base);
+}
+
+/* Whether tensor ``a`` is one the C writes and reads as the reference would: its
+   fields set (a proxy's _data is no slot) and its storage a base-class ndarray (a
+   numpy scalar or an ndarray subclass goes to the reference). */
+static int plain_fields(Forward *f, PyObject *a)
+{
+    const Py_ssize_t *t = f->t;
+    PyObject *data = SLOT(a, t[T_DATA]);
+    return data != NULL && PyArray_CheckExact(data) && SLOT(a, t[T_GRAD_FN]) != NULL
+           && SLOT(a, t[T_BASE]) != NULL && SLOT(a, t[T_OUTPUT_NR]) != NULL
+           && SLOT(a, t[T_REQUIRES_GRAD]) != NULL && SLOT(a, t[T_VERSION_COUNTER]) != NULL;
+}
+
+/* A tuple of ``n`` Nones: filled item by item (PyTuple_SetItem), so that no tuple
+   with a NULL item is ever seen -- an allocation in between may run a garbage
+   collection, and its callbacks may look at every object. */
+static PyObject *nones(Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t != NULL && i < n; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(Py_None));
+    return t;
 }
 
 /* The value saved for ``a``: a SavedVariable for a tensor, else ``a`` itself. */
@@ -371,10 +412,12 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     if (u != 0)
         return u < 0 ? NULL : reference(f, prim, args, params);
     Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n < p->min_args)        /* (fewer arguments than the save spec reads) */
+        return reference(f, prim, args, params);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i);
-        if (is_tensor(f, a) && SLOT(a, f->t[T_DATA]) == NULL)
-            return reference(f, prim, args, params);    /* (a proxy: its _data is no slot) */
+        if (is_tensor(f, a) && !plain_fields(f, a))
+            return reference(f, prim, args, params);
     }
 
     /* the kernel, on the arrays */
@@ -397,8 +440,8 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     Py_DECREF(arrays);
     if (out == NULL)
         return NULL;
-    if (!PyArray_CheckExact(out))
-        Py_SETREF(out, PyArray_FROM_O(out));        /* np.asarray */
+    if (!PyArray_CheckExact(out))                   /* np.asarray: a base-class array */
+        Py_SETREF(out, PyArray_FromAny(out, NULL, 0, 0, NPY_ARRAY_ENSUREARRAY, NULL));
     if (out != NULL && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
         Py_SETREF(out, PyArray_NewCopy((PyArrayObject *)out, NPY_CORDER));
     if (out == NULL)
@@ -426,22 +469,29 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     }
 
     /* the edges (gradient_edge of each argument) */
-    PyObject *edges = PyTuple_New(n), *node = NULL;
+    PyObject *edges = nones(n), *node = NULL;
     if (edges == NULL)
         goto fail_out;
     int wants = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i), *edge;
         if (!is_tensor(f, a)) {
-            PyTuple_SET_ITEM(edges, i, Py_NewRef(f->no_edge));
+            PyTuple_SetItem(edges, i, Py_NewRef(f->no_edge));
             continue;
         }
-        PyObject *fn = SLOT(a, f->t[T_BASE]) != Py_None ? PyObject_GetAttr(a, s_grad_fn)
+        PyObject *base = SLOT(a, f->t[T_BASE]);
+        PyObject *fn = base != NULL && base != Py_None ? PyObject_GetAttr(a, s_grad_fn)
                                                        : Py_XNewRef(SLOT(a, f->t[T_GRAD_FN]));
-        if (fn == NULL)
+        if (fn == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "Forward: a tensor without its grad_fn");
             goto fail_edges;
+        }
         if (fn != Py_None) {
-            edge = PyTuple_Pack(2, fn, SLOT(a, f->t[T_OUTPUT_NR]));
+            PyObject *nr = SLOT(a, f->t[T_OUTPUT_NR]);
+            edge = nr != NULL ? PyTuple_Pack(2, fn, nr) : NULL;
+            if (nr == NULL)
+                PyErr_SetString(PyExc_AttributeError, "Forward: a tensor without its output_nr");
             wants = 1;
         } else if (SLOT(a, f->t[T_REQUIRES_GRAD]) == Py_True) {
             PyObject *acc = PyObject_CallOneArg(f->grad_accumulator, a);
@@ -454,7 +504,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         Py_DECREF(fn);
         if (edge == NULL)
             goto fail_edges;
-        PyTuple_SET_ITEM(edges, i, edge);
+        PyTuple_SetItem(edges, i, edge);
     }
     if (!wants) {
         Py_DECREF(edges);
@@ -475,7 +525,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     PyObject *meta = pair ? PyTuple_Pack(1, pair) : NULL;
     Py_XDECREF(pair);
     PyObject *sequence = meta ? PyIter_Next(f->sequence) : NULL;
-    PyObject *shapes = sequence ? PyTuple_New(n) : NULL, *dtypes = shapes ? PyTuple_New(n) : NULL;
+    PyObject *shapes = sequence ? nones(n) : NULL, *dtypes = shapes ? nones(n) : NULL;
     if (dtypes == NULL) {
         Py_XDECREF(meta);
         Py_XDECREF(sequence);
@@ -485,20 +535,22 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i);
         if (is_tensor(f, a)) {
-            PyArrayObject *data = (PyArrayObject *)SLOT(a, f->t[T_DATA]);
-            PyObject *s = shape_tuple(data);
+            PyObject *data = Py_XNewRef(SLOT(a, f->t[T_DATA]));   /* (held: see new_saved) */
+            PyObject *s = data != NULL && PyArray_CheckExact(data)
+                              ? shape_tuple((PyArrayObject *)data) : NULL;
             if (s == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "Forward: a tensor without its array");
+                Py_XDECREF(data);
                 Py_DECREF(meta);
                 Py_DECREF(sequence);
                 Py_DECREF(shapes);
                 Py_DECREF(dtypes);
                 goto fail_edges;
             }
-            PyTuple_SET_ITEM(shapes, i, s);
-            PyTuple_SET_ITEM(dtypes, i, Py_NewRef((PyObject *)PyArray_DESCR(data)));
-        } else {
-            PyTuple_SET_ITEM(shapes, i, Py_NewRef(Py_None));
-            PyTuple_SET_ITEM(dtypes, i, Py_NewRef(Py_None));
+            PyTuple_SetItem(shapes, i, s);
+            PyTuple_SetItem(dtypes, i, Py_NewRef((PyObject *)PyArray_DESCR((PyArrayObject *)data)));
+            Py_DECREF(data);
         }
     }
     node = cls->tp_alloc(cls, 0);
@@ -516,62 +568,54 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     SLOT(node, f->n[N_PARAMS]) = Py_NewRef(params);
     SLOT(node, f->n[N_SHAPES]) = shapes;
     SLOT(node, f->n[N_DTYPES]) = dtypes;
+    SLOT(node, f->n[N_SAVED]) = PyTuple_New(0);     /* (the reference's saved=() first) */
 
-    /* its saved values (an input before the result exists; the result after) */
-    PyObject *saved = PyTuple_New(p->n_save);
+    /* its saved values (an input before the result exists; the result after),
+       attached as a whole once made, as the reference's ``node.saved = ...`` */
+    PyObject *saved = nones(p->n_save);
     if (saved == NULL)
         goto fail_node;
-    SLOT(node, f->n[N_SAVED]) = saved;
-    int saves_out = 0;
     for (int k = 0; k < p->n_save; k++) {
         SaveItem *s = &p->save[k];
         PyObject *value;
-        if (s->cond >= 0 && PyTuple_GET_ITEM(PyTuple_GET_ITEM(edges, s->cond), 0) == Py_None) {
-            value = Py_NewRef(Py_None);
-        } else if (s->kind == SAVE_ARG) {
-            value = s->index < n ? save_value(f, PyTuple_GET_ITEM(args, s->index)) : NULL;
-            if (s->index >= n && !PyErr_Occurred())
-                PyErr_SetString(PyExc_IndexError, "Forward: a save spec past the arguments");
-        } else if (s->kind == SAVE_TAIL) {
-            value = PyTuple_New(n > 0 ? n - 1 : 0);
+        if (s->kind == SAVE_OUT
+            || (s->cond >= 0 && PyTuple_GET_ITEM(PyTuple_GET_ITEM(edges, s->cond), 0) == Py_None))
+            continue;        /* (the result: below; an unneeded value: None) */
+        if (s->kind == SAVE_ARG) {
+            value = save_value(f, PyTuple_GET_ITEM(args, s->index));  /* (index < n: min_args) */
+        } else {             /* SAVE_TAIL */
+            value = nones(n > 0 ? n - 1 : 0);
             for (Py_ssize_t i = 1; value != NULL && i < n; i++) {
                 PyObject *v = save_value(f, PyTuple_GET_ITEM(args, i));
                 if (v == NULL)
                     Py_CLEAR(value);
                 else
-                    PyTuple_SET_ITEM(value, i - 1, v);
+                    PyTuple_SetItem(value, i - 1, v);
             }
-        } else {
-            saves_out = 1;
-            continue;        /* (filled below: a NULL item until then) */
         }
         if (value == NULL)
-            goto fail_node;
-        PyTuple_SET_ITEM(saved, k, value);
+            goto fail_saved;
+        PyTuple_SetItem(saved, k, value);
     }
     put(result, f->t[T_GRAD_FN], Py_NewRef(node));
-    if (saves_out) {
-        for (int k = 0; k < p->n_save; k++) {
-            if (PyTuple_GET_ITEM(saved, k) != NULL)
-                continue;
-            PyObject *value = new_saved(f, result, 1, p->name);
-            if (value == NULL)
-                goto fail_node;
-            PyTuple_SET_ITEM(saved, k, value);
-        }
+    for (int k = 0; k < p->n_save; k++) {
+        SaveItem *s = &p->save[k];
+        if (s->kind != SAVE_OUT
+            || (s->cond >= 0 && PyTuple_GET_ITEM(PyTuple_GET_ITEM(edges, s->cond), 0) == Py_None))
+            continue;
+        PyObject *value = new_saved(f, result, 1, p->name);
+        if (value == NULL)
+            goto fail_saved;
+        PyTuple_SetItem(saved, k, value);
     }
+    put(node, f->n[N_SAVED], saved);
     Py_DECREF(out);
     Py_DECREF(node);
     return result;
 
+fail_saved:
+    Py_DECREF(saved);
 fail_node:
-    /* (a saved tuple with NULL items must not be seen: fill them before dropping) */
-    if (SLOT(node, f->n[N_SAVED]) != NULL) {
-        PyObject *saved_ = SLOT(node, f->n[N_SAVED]);
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(saved_); k++)
-            if (PyTuple_GET_ITEM(saved_, k) == NULL)
-                PyTuple_SET_ITEM(saved_, k, Py_NewRef(Py_None));
-    }
     put(result, f->t[T_GRAD_FN], Py_NewRef(Py_None));
     Py_DECREF(node);
     Py_DECREF(out);
