@@ -102,7 +102,7 @@ static void plan_free(PyObject *capsule)
 }
 
 /* plan: (node class or None, view, differentiable, ((kind, index, cond), ...)) */
-static PyObject *make_plan(PyObject *spec)
+static PyObject *make_plan(PyObject *spec, PyTypeObject *node_type)
 {
     PyObject *cls, *save;
     int view, differentiable;
@@ -129,9 +129,11 @@ static PyObject *make_plan(PyObject *spec)
     p->n_save = (int)n;
     if (cls != Py_None) {
         p->name = PyObject_GetAttrString(cls, "__name__");
-        if (p->name == NULL || !PyType_Check(cls)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "Forward: a node class is a type");
+        if (p->name == NULL || !PyType_Check(cls)
+            || !PyType_IsSubtype((PyTypeObject *)cls, node_type)) {
+            if (!PyErr_Occurred())   /* (its fields are written at node_type's offsets) */
+                PyErr_SetString(PyExc_TypeError, "Forward: a node class is a subclass of the "
+                                "class whose slots were given");
             Py_DECREF(capsule);
             return NULL;
         }
@@ -176,15 +178,18 @@ static int forward_init(Forward *f, PyObject *args, PyObject *kwds)
                             "each in a tuple");
         return -1;
     }
-    (void)node_type;
-    (void)prim_type;
     PyObject *compiled = PyDict_New();
     if (compiled == NULL)
         return -1;
     PyObject *prim, *spec;
     Py_ssize_t pos = 0;
     while (PyDict_Next(plans, &pos, &prim, &spec)) {
-        PyObject *capsule = make_plan(spec);
+        if (!PyObject_TypeCheck(prim, prim_type)) {     /* (its kernel is read at an offset) */
+            PyErr_SetString(PyExc_TypeError, "Forward: a plan's key is not a prim");
+            Py_DECREF(compiled);
+            return -1;
+        }
+        PyObject *capsule = make_plan(spec, node_type);
         if (capsule == NULL || PyDict_SetItem(compiled, prim, capsule) < 0) {
             Py_XDECREF(capsule);
             Py_DECREF(compiled);

@@ -247,3 +247,18 @@ def test_an_ndarray_subclass_is_saved_as_the_reference_saves_it(fast, tmp_path):
         grads.append(w.grad.numpy())
     np.testing.assert_array_equal(grads[0], [2.0, 4.0, 6.0])
     np.testing.assert_array_equal(grads[0], grads[1])
+
+
+def test_a_config_the_c_cannot_write_safely_is_refused(fast):
+    """forward.c writes a node's fields at the offsets of the slots it was given and
+    reads a prim's kernel at an offset: a node class of another kind, or a key that
+    is not a prim, is a TypeError when it is made, not memory written wrongly."""
+    from compiled_autograd.autograd.tensor import Tensor
+    from runtime.prims import PRIMS
+    config = list(dispatch.forward_config(Tensor))
+    at = next(i for i, c in enumerate(config) if isinstance(c, dict) and PRIMS["mul"] in c)
+    for plans, message in (({PRIMS["mul"]: (int, False, True, ())}, "subclass"),
+                           ({"mul": (None, False, True, ())}, "not a prim")):
+        config[at] = plans
+        with pytest.raises(TypeError, match=message):
+            c_forward.forward(*config)
