@@ -41,115 +41,50 @@ CASES = ("small_mlp", "chain", "large_mlp", "transformer", "custom_fn_python",
          "custom_fn_inlined")
 FLOOR_CASES = ("large_mlp", "transformer")
 
-
-def _chain(lib):
-    """200 elementwise ops on 16 elements, written once for ca and torch."""
-    import numpy as np
-    x = lib.tensor(np.random.default_rng(0).standard_normal(16).astype(np.float32),
-                   requires_grad=True)
-    ops = (lambda h: h * 1.001, lambda h: h.sin(), lambda h: h + 0.1, lambda h: h.tanh())
-
-    def loss():
-        h = x
-        for i in range(200):
-            h = ops[i % 4](h)
-        return h.sum()
-    return loss, [x]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (the cases, written once)
 
 
-def _custom_fn(lib, inline):
-    """8 layers of ``Tanh.apply(h @ w)``, Tanh a custom Function saving its output;
-    ``inline``: it declares inline_backward (torch ignores the attribute)."""
-    import numpy as np
-    rng = np.random.default_rng(0)
-    ws = [lib.tensor((rng.standard_normal((64, 64)) * 0.2).astype(np.float32),
-                     requires_grad=True) for _ in range(8)]
-    x = lib.tensor(rng.standard_normal((32, 64)).astype(np.float32))
-
-    class Tanh(lib.autograd.Function):
-        inline_backward = inline
-
-        @staticmethod
-        def forward(ctx, h):
-            y = h.tanh()
-            ctx.save_for_backward(y)
-            return y
-
-        @staticmethod
-        def backward(ctx, g):
-            (y,) = ctx.saved_tensors
-            return g * (1.0 - y * y)
-
-    def loss():
-        h = x
-        for w in ws:
-            h = Tanh.apply(h @ w)
-        return (h * h).mean()
-    return loss, ws
+def _functional(lib, case):
+    """(make_loss, parameters) of a case of models.py with its own arrays: the chain
+    and the custom-Function MLPs, written once for ca and torch."""
+    arrays, inputs = models.arrays(case)
+    P = models.wrap(lib, arrays)
+    loss = models.model(lib, case, inputs)
+    return (lambda: loss(P)), list(P.values())
 
 
 def _torch_setup(case):
+    """The case in torch: the MLPs and the transformer on the bundled example's
+    weights and inputs (ca's are the example itself, ``_ca_setup``)."""
     import torch
     from compiled_autograd.examples import build
-    F = torch.nn.functional
-    if case == "chain":
-        return _chain(torch)
-    if case.startswith("custom_fn"):
-        return _custom_fn(torch, case.endswith("inlined"))
+    if case == "chain" or case.startswith("custom_fn"):
+        return _functional(torch, case)
     name = "mlp" if "mlp" in case else "transformer"
-    sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
-             "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
-    ex = build(name, **sizes)
-    P = {n: torch.tensor(p.detach().numpy(), requires_grad=True)
-         for n, p in ex.model.named_parameters()}
+    ex = build(name, **(models.SIZES[case] if name == "mlp" else {}))
+    named = {n: p.detach().numpy() for n, p in ex.model.named_parameters()}
     if name == "mlp":
-        x = torch.from_numpy(ex.inputs["x"].numpy())
-        t = torch.from_numpy(ex.inputs["target"].numpy())
-        layers = sizes["layers"]
-
-        def loss():
-            h = x
-            for i in range(layers):
-                h = F.linear(h, P[f"net.{2 * i}.weight"], P[f"net.{2 * i}.bias"])
-                if i < layers - 1:
-                    h = torch.tanh(h)
-            return F.mse_loss(h, t)
-        return loss, list(P.values())
-    tokens = torch.from_numpy(ex.inputs["tokens"].numpy())
-    targets = torch.from_numpy(ex.inputs["targets"].numpy())
-    s = ex.sizes
-
-    def loss():
-        b, n = tokens.shape
-        d, heads = s["d_model"], s["heads"]
-        x = P["tok.weight"][tokens] + P["pos.weight"][torch.arange(n)]
-        for i in range(s["layers"]):
-            p = lambda k: P[f"blocks.{i}.{k}"]  # noqa: E731
-            h = F.layer_norm(x, (d,), p("ln1.weight"), p("ln1.bias"))
-            q, k, v = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias")).chunk(3, -1)
-            q, k, v = (z.reshape(b, n, heads, d // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + F.linear(y.transpose(1, 2).reshape(b, n, d), p("attn.proj.weight"),
-                             p("attn.proj.bias"))
-            h = F.layer_norm(x, (d,), p("ln2.weight"), p("ln2.bias"))
-            x = x + F.linear(F.gelu(F.linear(h, p("fc1.weight"), p("fc1.bias"))),
-                             p("fc2.weight"), p("fc2.bias"))
-        logits = F.linear(F.layer_norm(x, (d,), P["ln.weight"], P["ln.bias"]),
-                          P["head.weight"], P["head.bias"])
-        return F.cross_entropy(logits.reshape(b * n, -1), targets.reshape(b * n))
-    return loss, list(P.values())
+        P = {}
+        for i in range(models.SIZES[case]["layers"]):
+            P[f"w{i}"] = torch.tensor(named[f"net.{2 * i}.weight"], requires_grad=True)
+            P[f"b{i}"] = torch.tensor(named[f"net.{2 * i}.bias"], requires_grad=True)
+        inputs = {"x": ex.inputs["x"].numpy(), "t": ex.inputs["target"].numpy()}
+    else:
+        P = {n: torch.tensor(a, requires_grad=True) for n, a in named.items()}
+        inputs = {"tokens": ex.inputs["tokens"].numpy(),
+                  "targets": ex.inputs["targets"].numpy(), "sizes": ex.sizes}
+    loss = models.model(torch, case, inputs)
+    return (lambda: loss(P)), list(P.values())
 
 
 def _ca_setup(case):
     import compiled_autograd as ca
     from compiled_autograd.examples import build
-    if case == "chain":
-        return _chain(ca)
-    if case.startswith("custom_fn"):
-        return _custom_fn(ca, case.endswith("inlined"))
-    sizes = {"small_mlp": dict(layers=8, width=64, batch=32),
-             "large_mlp": dict(layers=8, width=1024, batch=256), "transformer": {}}[case]
-    ex = build("mlp" if "mlp" in case else "transformer", **sizes)
+    if case == "chain" or case.startswith("custom_fn"):
+        return _functional(ca, case)
+    ex = build("mlp" if "mlp" in case else "transformer",
+               **(models.SIZES[case] if "mlp" in case else {}))
     return ex.loss, ex.parameters()
 
 

@@ -138,41 +138,34 @@ def apply_prim(prim, args, params, make):
 
 
 def apply_prim_reference(prim, args, params, make):
-    """``apply_prim`` in Python: the reference the C path is tested against. The common
-    case -- no interceptor, a result that is not a view -- runs in one pass over
-    the arguments: their arrays, then their edges, which say whether a node is due."""
-    if _interceptors or prim.view:
-        return _apply_prim_general(prim, args, params, make)
-    out = run_kernel(prim, [a._data if isinstance(a, TensorBase) else a for a in args], params)
+    """``apply_prim`` in Python: the reference the C path is tested against, and
+    what runs where the C is not built and for every case it hands back
+    (interceptors -- selective checkpointing, checkpoint debugging, memory
+    plans --, views, saved-tensor hooks, memory accounting)."""
+    arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
+    if _interceptors:
+        out = _interceptors[-1](prim, arrays, params)
+    else:
+        out = run_kernel(prim, arrays, params)
     if type(out) is not np.ndarray:
         out = np.asarray(out)
-    if not out.flags.c_contiguous:
-        out = np.ascontiguousarray(out)   # (bases are kept C-contiguous: see below)
-    result = make(out)
-    if not prim.differentiable or out.dtype.kind not in "fc" or not is_grad_enabled():
-        return result
-    edges = []
-    wants = False
-    for a in args:
-        if isinstance(a, TensorBase):
-            # (gradient_edge, inlined: a tensor's grad_fn is its own unless it is a view)
-            fn = a._grad_fn if a._base is None else a.grad_fn
-            if fn is not None:
-                edges.append((fn, a._output_nr))
-                wants = True
-                continue
-            if a._requires_grad:
-                edges.append((grad_accumulator(a), 0))
-                wants = True
-                continue
-        edges.append(_NO_EDGE)
-    if wants:
-        node = _make_node(prim, args, params, edges, (out.shape, out.dtype))
+    source = args[0] if args and isinstance(args[0], TensorBase) else None
+    if prim.view and source is not None and np.may_share_memory(out, arrays[0]):
+        result = make_view(out, source)
+    else:
+        if not out.flags.c_contiguous:
+            # Bases are kept C-contiguous: a view's geometry is then its offset and
+            # strides in the base's C order (what as_strided/CopySlices use).
+            out = np.ascontiguousarray(out)
+        result = make(out)
+    if _interceptors:  # (before the node saves the result: a plan decides how)
+        _interceptors[-1].observe(result, args)
+    if _wants_grad(prim, args, out.dtype):
+        edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
+        node = _make_node(prim, args, params, edges, (result.shape, result.dtype))
         _attach(node, result)
     return result
 
-
-_NO_EDGE = (None, 0)
 
 # [the C path (runtime/forward.c's Forward), or None]: made by set_tensor_type.
 _fast: list = [None]
@@ -199,34 +192,6 @@ def forward_config(tensor_type):
             lambda prim, args, params: apply_prim_reference(prim, args, params, make),
             grad_accumulator, _node._sequence, _interceptors, _rt_memory._trackers,
             vars(_prims), grad_mode._enabled, saved_hooks._stack_var)
-
-
-def _apply_prim_general(prim, args, params, make):
-    """``apply_prim`` with interceptors (selective checkpointing, checkpoint
-    debugging, memory plans) or for a view prim."""
-    arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
-    if _interceptors:
-        out = _interceptors[-1](prim, arrays, params)
-    else:
-        out = run_kernel(prim, arrays, params)
-    if type(out) is not np.ndarray:
-        out = np.asarray(out)
-    source = args[0] if args and isinstance(args[0], TensorBase) else None
-    if prim.view and source is not None and np.may_share_memory(out, arrays[0]):
-        result = make_view(out, source)
-    else:
-        if not out.flags.c_contiguous:
-            # Bases are kept C-contiguous: a view's geometry is then its offset and
-            # strides in the base's C order (what as_strided/CopySlices use).
-            out = np.ascontiguousarray(out)
-        result = make(out)
-    if _interceptors:  # (before the node saves the result: a plan decides how)
-        _interceptors[-1].observe(result, args)
-    if _wants_grad(prim, args, out.dtype):
-        edges = [gradient_edge(a) if isinstance(a, TensorBase) else (None, 0) for a in args]
-        node = _make_node(prim, args, params, edges, (result.shape, result.dtype))
-        _attach(node, result)
-    return result
 
 
 def view_geometry(view, base):
