@@ -8,8 +8,9 @@ created with mode 0700, and are named by the SHA-256 of everything that decides 
 binary: the source, the compiler command and flags (with ``$CA_C_EXTRA_FLAGS``,
 e.g. ``-fsanitize=address``), and the BLAS headers. A second
 process finds the library and loads it without compiling. Two processes building
-the same source at once each write a private temporary file and ``os.replace`` it
-into place, which is atomic: both end with the same complete library.
+the same source at once each build in a private temporary directory and
+``os.replace`` the result into place, which is atomic; the build is reproducible
+(the same file names every time), so both write the same bytes.
 
 Matrix products call the OpenBLAS that numpy itself uses: numpy's wheels bundle
 ``scipy-openblas64`` (symbols ``scipy_cblas_sgemm64_``..., 64-bit ints), and linking
@@ -342,50 +343,55 @@ def check(path: Path) -> str | None:
     return None
 
 
+_building: dict[str, threading.Lock] = {}    # one lock per library path
+
+
 def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
     """Build ``path`` unless it is in the cache and intact (``check``): the
-    sources go to private temporary files, ``steps(srcs, out)`` gives the command
-    batches (each run at once) that build ``out`` (objects are named
+    sources go to a private temporary directory, ``steps(srcs, out)`` gives the
+    command batches (each run at once) that build ``out`` (objects are named
     ``src[:-2] + ".o"``); its hash is written beside ``path``, then ``out``
     replaces ``path`` atomically. Nothing is left behind. A damaged entry is
-    rebuilt with a warning."""
-    problem = check(path)
-    if problem is None:
-        return path, False
-    if problem not in ("missing", "no hash"):
-        warnings.warn(f"compiled autograd: the C build cache entry {str(path)!r} is damaged "
-                      f"({problem}); rebuilding it", RuntimeWarning, stacklevel=3)
-    temps = []
-    try:
-        srcs = []
-        for source in sources:
-            fd, tmp_src = tempfile.mkstemp(suffix=".c", prefix=".build_", dir=path.parent)
-            temps.append(tmp_src)
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            srcs.append(tmp_src)
-        tmp_out = srcs[0][:-2] + ".so"
-        tmp_hash = srcs[0][:-2] + ".sha256"
-        temps += [tmp_out, tmp_hash] + [src[:-2] + ".o" for src in srcs]   # objects, if any
-        for batch in steps(srcs, tmp_out):
-            _run(batch)
-        os.chmod(tmp_out, 0o600)
-        with open(tmp_hash, "w") as f:
-            f.write(_digest_line(path, Path(tmp_out).read_bytes()))
-        os.chmod(tmp_hash, 0o600)
-        # The hash first: a reader between the two replaces sees the old library
-        # with the new hash, a mismatch, and rebuilds; never a wrong library loaded.
-        os.replace(tmp_hash, hash_path(path))
-        os.replace(tmp_out, path)
-    except OSError as e:
-        raise CBuildError(f"cannot write to the C build cache {str(path.parent)!r} "
-                          f"({e.strerror or e}); {_WHAT_TO_DO}") from None
-    finally:
-        for leftover in temps:
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
+    rebuilt with a warning.
+
+    Builds are reproducible: the files in the private directory have the same
+    names every time (the compiler writes the source's name into the library), so
+    two processes building the same library at once write the same bytes and the
+    same hash, and a reader between one's two replaces and the other's still finds
+    them matching. Threads of one process build a library once (a lock per path)."""
+    with _lock:
+        building = _building.setdefault(str(path), threading.Lock())
+    with building:
+        problem = check(path)
+        if problem is None:
+            return path, False
+        if problem not in ("missing", "no hash"):
+            warnings.warn(f"compiled autograd: the C build cache entry {str(path)!r} is "
+                          f"damaged ({problem}); rebuilding it", RuntimeWarning, stacklevel=3)
+        workdir = None
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix=".build_", dir=path.parent))
+            srcs = []
+            for i, source in enumerate(sources):
+                src = workdir / f"unit{i}.c"
+                src.write_text(source)
+                srcs.append(str(src))
+            tmp_out, tmp_hash = workdir / "library.so", workdir / "library.sha256"
+            for batch in steps(srcs, str(tmp_out)):
+                _run(batch)
+            os.chmod(tmp_out, 0o600)
+            tmp_hash.write_text(_digest_line(path, tmp_out.read_bytes()))
+            os.chmod(tmp_hash, 0o600)
+            # The hash first: a reader between the two replaces sees the old library
+            # with the new hash, a mismatch, and rebuilds; never a wrong library loaded.
+            os.replace(tmp_hash, hash_path(path))
+            os.replace(tmp_out, path)
+        except OSError as e:
+            raise CBuildError(f"cannot write to the C build cache {str(path.parent)!r} "
+                              f"({e.strerror or e}); {_WHAT_TO_DO}") from None
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
     return path, True
 
 

@@ -150,7 +150,51 @@ def test_an_unwritable_cache_directory_is_a_cbuild_error(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
     monkeypatch.setenv("CA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cbuild.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cbuild.tempfile, "mkdtemp", refuse)
     with pytest.raises(cbuild.CBuildError, match="cannot write to the C build cache.*"
                        "Permission denied.*CA_CACHE_DIR"):
         cbuild.build("int f(void) { return 0; }")
+
+
+@needs_cc
+def test_builds_are_reproducible_so_concurrent_builders_agree(tmp_path, monkeypatch):
+    # Two processes building the same library at once each replace the other's
+    # hash and library; a reader in between still finds them matching only if both
+    # wrote the same bytes. (Before, each build's temporary source name was written
+    # into the library: a thread loading between the replaces saw "does not match".)
+    sources = ["int ca_one(void) { return 1; }\n", "int ca_two(void) { return 2; }\n"]
+    built = {}
+    for name in ("first", "second"):
+        monkeypatch.setenv("CA_CACHE_DIR", str(tmp_path / name))
+        single, compiled = cbuild.build(sources[0])
+        several, _ = cbuild.build(sources)             # objects, then a link
+        assert compiled
+        built[name] = [(p.name, p.read_bytes(), cbuild.hash_path(p).read_text())
+                       for p in (single, several)]
+        assert sorted(os.listdir(tmp_path / name)) == sorted(
+            [single.name, several.name, single.name + ".sha256", several.name + ".sha256"]
+            + [p.name for p in (tmp_path / name).glob("ca_threads_*")])   # nothing left
+    assert built["first"] == built["second"]
+
+
+@needs_cc
+def test_threads_building_one_library_build_it_once(tmp_path, monkeypatch):
+    import threading
+    monkeypatch.setenv("CA_CACHE_DIR", str(tmp_path / "cache"))
+    source = "int ca_three(void) { return 3; }\n"
+    results, errors = [], []
+
+    def build_and_load():
+        try:
+            path, compiled = cbuild.build(source)
+            results.append(compiled)
+            assert cbuild.load(path).ca_three() == 3
+        except BaseException as e:     # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=build_and_load) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == [False] * 5 + [True]
