@@ -249,6 +249,37 @@ def branch_and_bound(profile, budget=None, incumbent=None, simulations=None,
 
 # ---------------------------------------------------------------- the DP
 
+class _Bucket:
+    """The states of one kind at one level, none dominated by another: a state
+    is dropped when another has, on every stretch of steps, no more live bytes,
+    and no higher cost."""
+
+    def __init__(self, width):
+        self.keys = np.empty((8, width), dtype=np.int64)
+        self.costs = np.empty(8)
+        self.alive = np.zeros(8, dtype=bool)
+        self.rest = []
+        self.n = 0
+
+    def offer(self, key, cost, P, plan):
+        n, keys, alive = self.n, self.keys[:self.n], self.alive[:self.n]
+        if n:
+            if np.any(alive & (self.costs[:n] <= cost) & (keys <= key).all(1)):
+                return
+            alive &= ~((cost <= self.costs[:n]) & (key <= keys).all(1))
+        if n == len(self.costs):
+            self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
+            self.costs = np.concatenate([self.costs, np.empty_like(self.costs)])
+            self.alive = np.concatenate([self.alive, np.zeros_like(self.alive)])
+        self.keys[n], self.costs[n], self.alive[n] = key, cost, True
+        self.rest.append((P, plan))
+        self.n += 1
+
+    def states(self):
+        return [(None, self.costs[k], self.rest[k][0], self.rest[k][1])
+                for k in range(self.n) if self.alive[k]]
+
+
 STATE_LIMIT = 200_000   # DP states kept at one level before giving up
 
 
@@ -260,6 +291,12 @@ class Front:
     points: list          # (peak bound, cost bound, recompute frozenset), by peak
     states: int           # most DP states at one level
     seconds: float
+    decided: int = 0      # decisions taken (all of them, unless it gave up)
+    decisions: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.decided == self.decisions
 
     def lowest(self):
         """(the least peak bound of any plan, a plan that reaches it, its cost)."""
@@ -276,7 +313,7 @@ class Front:
         return cost, plan
 
 
-def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front | None:
+def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
     """The exact Pareto front of ``_Bound`` over every complete plan, by dynamic
     programming over the decisions from the last value made in the forward to the
     first. The bound of a plan is a max over steps of a sum of intervals, one per
@@ -285,8 +322,9 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front | Non
     still depend on (the reach of the recomputation that needs them, the kept
     storages whose owner is undecided) and the live bytes so far at every step;
     among states of one kind, one whose live bytes are no lower on every stretch
-    of steps the future cannot tell apart, at no lower cost, is dropped. None when
-    a level holds more than ``state_limit`` states."""
+    of steps the future cannot tell apart, at no lower cost, is dropped. Gives up
+    (``complete`` False, no points) when a level holds more than ``state_limit``
+    states."""
     start = time.perf_counter()
     if decisions is None:
         every = frozenset(v.index for v in profile.values)
@@ -361,19 +399,15 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front | Non
                     key = np.maximum.reduceat(P2, cut)
                     sig = (tuple(sorted(f2.items())),
                            tuple(sorted((s, e) for s, e in g2.items() if s < i)))
-                    bucket = nxt.setdefault(sig, [])
-                    new_plan = plan | {i} if c == RECOMPUTE else plan
-                    new_cost = cost + extra
-                    if any(k2 is not None and c2 <= new_cost and (k2 <= key).all()
-                           for k2, c2, _, _ in bucket):
-                        continue
-                    bucket[:] = [e for e in bucket if not (new_cost <= e[1] and (key <= e[0]).all())]
-                    bucket.append((key, new_cost, P2, new_plan))
-        level = nxt
+                    bucket = nxt.get(sig)
+                    if bucket is None:
+                        bucket = nxt[sig] = _Bucket(len(key))
+                    bucket.offer(key, cost + extra, P2, plan | {i} if c == RECOMPUTE else plan)
+        level = {sig: bucket.states() for sig, bucket in nxt.items()}
         size = sum(len(v) for v in level.values())
         most = max(most, size)
         if size > state_limit:
-            return None
+            return Front([], size, time.perf_counter() - start, d + 1, len(order))
     points = []
     for (_, group_items), states in level.items():
         for _, cost, P, plan in states:
@@ -386,4 +420,4 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front | Non
         if c < best_cost:
             front.append((p, c, plan))
             best_cost = c
-    return Front(front, most, time.perf_counter() - start)
+    return Front(front, most, time.perf_counter() - start, len(order), len(order))
