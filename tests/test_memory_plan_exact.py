@@ -17,7 +17,7 @@ from compiled_autograd.planning.solve import _Planner, every_plan, lowest, solve
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
-SMALL = [("mlp", dict(layers=5, width=32, batch=64, activation="gelu")),
+SMALL = [("mlp", dict(layers=4, width=32, batch=64, activation="gelu")),
          ("mlp", dict(layers=4, width=16, batch=256, activation="tanh")),
          ("transformer", dict(layers=1, d_model=16, heads=2, seq=8, batch=2))]
 

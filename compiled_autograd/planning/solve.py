@@ -20,10 +20,15 @@ Two formulations, both judged by the same simulation (``simulate``):
 The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and what
 ``plan_checkpoints`` measures last): up to ``EXACT_DECISIONS`` decisions (the
 values a plan keeps or recomputes) every plan is simulated, so it is exact; past
-them, a descent from the greedy prefixes, the prim families and recomputing
-everything, by flips and swaps of recomputed and of kept values
-(``_Planner.lowest_plan``). ``every_plan`` simulates every plan: the exact answer
-the tests and ``benchmarks/planner.py`` compare the planner with.
+them, the lowest plans of a lower bound's exact Pareto front
+(``exact.bound_front``, where its DP stays within ``FRONT_STATES`` states): exact
+when the lowest simulates to its bound; else a descent from the greedy prefixes,
+the prim families and recomputing everything, by flips and swaps of recomputed
+and of kept values (``_Planner.lowest_plan``). Where the front is known, the
+knapsack's plan is replaced by the cheapest of the front's plans that fits, if
+cheaper. ``every_plan`` simulates every plan: the exact answer the tests and
+``benchmarks/planner.py`` compare the planner with, up to 12 decisions; the
+front's exact plans past them.
 """
 from __future__ import annotations
 
