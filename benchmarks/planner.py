@@ -1,20 +1,26 @@
 """The memory planner against the exact answer (docs/memory.md, "The lowest peak").
 
-For each model: its decisions (the values a plan keeps or recomputes), the exact
-lowest predicted peak (every plan simulated: each subset of the decisions, the
-plans that need the same values once) where there are at most ``EXACT_MAX``
-decisions, the lowest peak the planner finds (``planning.solve.lowest``: exact
-up to 8 decisions, a search past them), the greedy order's prefixes alone (what
-the knapsack searched before) and recomputing every linear output; then, at
-budgets from the exact lowest peak to the peak without a plan, the recompute
-cost of the knapsack's plan against the cheapest plan that fits. Predictions
+For each model: its decisions (the values a plan keeps or recomputes); the least
+lower bound of any plan's peak (``planning.exact.bound_front``: a DP over every
+plan of a bound that no plan's simulated peak goes below); the exact lowest
+predicted peak -- every plan simulated where there are at most ``EXACT_MAX``
+decisions, else the simulated peak of the bound's lowest plan when it equals the
+bound ("-" when it does not: the lowest is then only known to lie between the
+bound and the best peak found); the lowest peak the planner finds
+(``planning.solve.lowest``), the greedy order's prefixes alone (what the knapsack
+searched before) and recomputing every linear output. Then, at budgets from the
+exact lowest peak (or the planner's, where it is not known) to the peak without a
+plan, the recompute cost of the knapsack's plan against the cheapest plan that
+fits: every plan simulated, or the cheapest of the bound's front that fits (exact
+when its simulated peak fits; else only a lower bound, marked ">="). Predictions
 only (the "python" backend's schedule, the measured peak to the byte:
-tests/test_memory_plan.py); nothing here is timed but the search.
+tests/test_memory_plan.py); nothing here is timed but the searches.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/planner.py
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -24,10 +30,12 @@ import numpy as np
 from compiled_autograd.examples import build
 from compiled_autograd.planning.profile import profile_for_planning
 from compiled_autograd.planning.simulate import simulate
+from compiled_autograd.planning.exact import bound_front
 from compiled_autograd.planning.solve import _Planner, every_plan, lowest, solve
 
 EXACT_MAX = 12    # decisions: 2 ** 12 subsets at most
 BUDGETS = 8       # budgets per model, from the exact lowest peak to 1.0
+DP_STATES = 30_000   # the bound's DP gives up past this many states at one decision
 
 MODELS = [
     ("mlp", dict(layers=3, width=256, batch=256, activation="gelu")),
@@ -37,6 +45,9 @@ MODELS = [
     ("mlp", dict(layers=5, width=32, batch=64, activation="gelu")),
     ("mlp", dict(layers=4, width=16, batch=256, activation="tanh")),
     ("mlp", dict(layers=6, width=64, batch=256, activation="tanh")),
+    # past the enumeration: the bound's DP
+    ("mlp", dict(layers=12, width=64, batch=512, activation="tanh")),
+    ("transformer", dict(layers=1, d_model=128, heads=4, seq=64, batch=8)),
     # benchmarks/memory.py's models: too many decisions to simulate every plan
     ("mlp", dict(layers=16, width=256, batch=256, activation="gelu")),
     ("transformer", dict(layers=4, d_model=128, heads=4, seq=64, batch=8)),
@@ -60,52 +71,74 @@ def _prefixes_lowest(profile) -> int:
 def main():
     print(_machine())
     print()
-    head = (f"{'model':<56}{'decisions':>10}{'exact':>8}{'planner':>9}{'/exact':>8}"
-            f"{'prefixes':>10}{'linears':>9}{'search s':>10}")
+    head = (f"{'model':<56}{'decisions':>10}{'bound':>7}{'exact':>7}{'planner':>8}"
+            f"{'/exact':>7}{'prefixes':>9}{'linears':>8}{'search s':>9}{'DP s':>7}"
+            f"{'DP states':>10}")
     print("lowest predicted peak, as a fraction of the peak without a plan")
     print(head)
-    costs = []
+    costs, gave_up = [], []
     for name, sizes in MODELS:
         ex = build(name, **sizes)
         profile = profile_for_planning(ex.loss, (), {}, "python")
         base = profile.baseline_peak
         decisions = len(_Planner(profile, -1).decisions())
         plans = every_plan(profile, EXACT_MAX)
+        front = bound_front(profile, state_limit=DP_STATES)
         start = time.perf_counter()
         found, _ = lowest(profile)
         seconds = time.perf_counter() - start
         linears = simulate(profile, frozenset(v.index for v in profile.values
                                               if v.prim == "linear")).peak
         label = f"{name} " + " ".join(f"{k}={v}" for k, v in sizes.items())
+        bound = exact = None
+        if front.complete:
+            bound, plan, _ = front.lowest()
+            if simulate(profile, plan).peak == bound:
+                exact = bound
         if plans is not None:
             exact = min(s.peak for s in plans.values())
-            shown = f"{exact / base:>8.3f}{found.peak / base:>9.3f}{found.peak / exact:>8.3f}"
-        else:
-            exact = None
-            shown = f"{'-':>8}{found.peak / base:>9.3f}{'-':>8}"
-        print(f"{label:<56}{decisions:>10}{shown}{_prefixes_lowest(profile) / base:>10.3f}"
-              f"{linears / base:>9.3f}{seconds:>10.2f}", flush=True)
-        if plans is None:
+        def f(x, width):
+            return f"{'-':>{width}}" if x is None else f"{x / base:>{width}.3f}"
+        ratio = f"{'-':>7}" if exact is None else f"{found.peak / exact:>7.3f}"
+        states = f"{front.states:>10,}" + ("" if front.complete else "+")
+        print(f"{label:<56}{decisions:>10}{f(bound, 7)}{f(exact, 7)}{f(found.peak, 8)}{ratio}"
+              f"{_prefixes_lowest(profile) / base:>9.3f}{linears / base:>8.3f}{seconds:>9.2f}"
+              f"{front.seconds:>7.2f}{states}", flush=True)
+        if not front.complete:
+            gave_up.append((label, front))
+        if plans is None and not front.complete:
             continue
-        worst = (0.0, None)
-        for fraction in np.linspace(exact / base, 1.0, BUDGETS):
-            budget = int(fraction * base)
-            cheapest = min(s.cost for s in plans.values() if s.peak <= budget)
+        worst, lower = (0.0, None), False
+        low = exact if exact is not None else found.peak
+        for fraction in np.linspace(low / base, 1.0, BUDGETS):
+            budget = math.ceil(fraction * base)
+            if plans is not None:
+                cheapest, is_exact = min(s.cost for s in plans.values() if s.peak <= budget), True
+            else:
+                cost, plan = front.cheapest(budget)
+                s = simulate(profile, plan)
+                is_exact = s.peak <= budget
+                cheapest = s.cost if is_exact else cost
             chosen, _, _, _ = solve(profile, budget)
             if chosen is None:
                 worst = (float("inf"), fraction)
                 continue
             ratio = (chosen.cost + 1e-12) / (cheapest + 1e-12)
             if ratio >= worst[0]:
-                worst = (ratio, fraction)
-        costs.append((label, len(plans), worst))
+                worst, lower = (ratio, fraction), not is_exact
+        costs.append((label, "every plan" if plans is not None else "DP front", worst, lower))
     print()
     print(f"recompute cost of the knapsack's plan / the cheapest plan that fits, worst of "
           f"{BUDGETS} budgets from the exact lowest peak to 1.0")
-    print(f"{'model':<56}{'plans':>7}{'worst':>8}{'at budget':>11}")
-    for label, n, (ratio, fraction) in costs:
+    print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}")
+    for label, by, (ratio, fraction), lower in costs:
         at = "-" if fraction is None else f"{fraction:.3f}"
-        print(f"{label:<56}{n:>7}{ratio:>8.3f}{at:>11}")
+        shown = f"{'<=' if lower else ''}{ratio:.3f}"
+        print(f"{label:<56}{by:>12}{shown:>8}{at:>11}")
+    for label, front in gave_up:
+        print(f"\n{label}: the bound's DP gave up at decision {front.decided} of "
+              f"{front.decisions}, {front.states:,} states at one decision (the limit "
+              f"{DP_STATES:,}), after {front.seconds:.1f} s")
 
 
 if __name__ == "__main__":

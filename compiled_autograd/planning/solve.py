@@ -20,10 +20,15 @@ Two formulations, both judged by the same simulation (``simulate``):
 The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and what
 ``plan_checkpoints`` measures last): up to ``EXACT_DECISIONS`` decisions (the
 values a plan keeps or recomputes) every plan is simulated, so it is exact; past
-them, a descent from the greedy prefixes, the prim families and recomputing
-everything, by flips and swaps of recomputed and of kept values
-(``_Planner.lowest_plan``). ``every_plan`` simulates every plan: the exact answer
-the tests and ``benchmarks/planner.py`` compare the planner with.
+them, the lowest plans of a lower bound's exact Pareto front
+(``exact.bound_front``, where its DP stays within ``FRONT_STATES`` states): exact
+when the lowest simulates to its bound; else a descent from the greedy prefixes,
+the prim families and recomputing everything, by flips and swaps of recomputed
+and of kept values (``_Planner.lowest_plan``). Where the front is known, the
+knapsack's plan is replaced by the cheapest of the front's plans that fits, if
+cheaper. ``every_plan`` simulates every plan: the exact answer the tests and
+``benchmarks/planner.py`` compare the planner with, up to 12 decisions; the
+front's exact plans past them.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import time
 
 import networkx as nx
 
+from compiled_autograd.planning.exact import bound_front
 from compiled_autograd.planning.simulate import needed_values, simulate
 
 
@@ -46,6 +52,8 @@ DESCENT_NODES = 60_000   # ... and at most this many over the backward graph's n
 DESCENT_STARTS = 4    # plans it starts a descent from
 SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
+FRONT_STATES = 3_000  # past them, the bound's front (exact.bound_front) up to this many states
+FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per question
 
 
 class _Planner:
@@ -66,6 +74,47 @@ class _Planner:
 
     def fits(self, recompute) -> bool:
         return self.sim(recompute).peak <= self.budget
+
+    def front(self):
+        """The lower bound's exact Pareto front (``exact.bound_front``), once per
+        profile; None when it gave up (more than ``FRONT_STATES`` states)."""
+        front = getattr(self.profile, "exact_front", False)
+        if front is False:
+            front = bound_front(self.profile, state_limit=FRONT_STATES)
+            front = front if front.complete else None
+            self.profile.exact_front = front
+        return front
+
+    def front_lowest(self):
+        """(the lowest simulated of the front's lowest plans, whether it is the
+        exact lowest: its peak is the least bound of any plan), or (None, False)."""
+        front = self.front()
+        if front is None:
+            return None, False
+        best = None
+        for bound, _, plan in front.points[:FRONT_TRIALS]:
+            if best is not None and bound >= best.peak:
+                break
+            s = self.sim(plan)
+            if best is None or (s.peak, s.cost) < (best.peak, best.cost):
+                best = s
+        return best, best.peak <= front.points[0][0]
+
+    def front_cheapest(self, chosen):
+        """The cheapest of the front's plans whose bound fits the budget, simulated
+        in order of cost until one fits (up to ``FRONT_TRIALS``), if it is cheaper
+        than ``chosen``; else ``chosen``."""
+        front = self.front()
+        if front is None:
+            return chosen
+        fitting = sorted((c, p, plan) for p, c, plan in front.points if p <= self.budget)
+        for cost, _, plan in fitting[:FRONT_TRIALS]:
+            if chosen is not None and cost >= chosen.cost:
+                break
+            s = self.sim(plan)
+            if s.peak <= self.budget:
+                return s if chosen is None or s.cost < chosen.cost else chosen
+        return chosen
 
     def best(self, plans):
         fitting = [s for s in plans if s.peak <= self.budget]
@@ -184,6 +233,9 @@ class _Planner:
         None."""
         if self.every(EXACT_DECISIONS):
             return self.best(self.simulations.values())
+        low, exact = self.front_lowest()
+        if exact:   # the lowest plan of all (no plan's peak is below its bound)
+            return self.prune(low.recompute) if low.peak <= self.budget else None
         low = self.lowest_plan(extra=(self.sim(start),))
         return low if low.peak <= self.budget else None
 
@@ -351,7 +403,11 @@ def lowest(profile, simulations=None):
     if planner.every(EXACT_DECISIONS):
         low = min(planner.simulations.values(), key=lambda s: (s.peak, s.cost))
     else:
-        low = planner.lowest_plan()
+        low, exact = planner.front_lowest()
+        if not exact:
+            found = planner.lowest_plan()
+            if low is None or (found.peak, found.cost) < (low.peak, low.cost):
+                low = found
     return low, time.perf_counter() - start
 
 
@@ -363,7 +419,12 @@ def solve(profile, budget_bytes, formulation="knapsack", simulations=None):
                          f"got {formulation!r}")
     start = time.perf_counter()
     planner = _Planner(profile, budget_bytes, simulations)
-    chosen, _ = planner.knapsack() if formulation == "knapsack" else planner.mincut()
+    if formulation == "knapsack":
+        chosen, _ = planner.knapsack()
+        if len(planner.decisions()) > EXACT_DECISIONS:
+            chosen = planner.front_cheapest(chosen)
+    else:
+        chosen, _ = planner.mincut()
     seconds = time.perf_counter() - start
     smallest = min(s.peak for s in planner.simulations.values())
     return chosen, seconds, smallest, planner

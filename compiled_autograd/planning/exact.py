@@ -1,0 +1,423 @@
+"""The lowest peak and the cheapest plan for a budget, exactly: a branch and bound.
+
+A plan keeps or recomputes each *decision* (a value the backward needs when
+everything is recomputed). ``simulate`` predicts a plan's peak; enumerating every
+plan (``solve.every_plan``) is exact but costs 2 ** n simulations. The branch and
+bound here decides the values from the last made in the forward to the first --
+so when a value is decided, every value that could read it is decided already,
+and whether the backward needs it is known (a value nothing needs is not branched
+on) -- and cuts a branch when a *lower bound* of the peak of every plan below it
+is above the best peak found (or the budget), or the recompute cost already
+decided is no less than the best plan's. Each complete plan is simulated: the
+answer is a simulated plan, and no plan was cut that could beat it.
+
+The lower bound (``_Bound``) counts, at each step of the backward that every plan
+has (the nodes of the recorded graph that are neither a kept read nor a
+recomputation: the gradients, hooks, ...) and at each step of the forward, only
+bytes that every plan below the branch must hold there:
+
+- what lives outside the backward graph when it starts, less every storage that
+  the backward may release early (``freed_with_graph``);
+- the backward's own live bytes at that step in the plan that keeps everything
+  (its nodes' values are the same in every plan: their inputs are gradients and
+  saved values, whichever way a saved value is made);
+- a saved value decided kept: its storage (once per storage, if the forward freed
+  it: else it is in the first item already) from the backward's start to its last
+  reader; and in the forward from when the recording run freed it;
+- a saved value decided recomputed: its own bytes from where the first of the
+  recomputed values that need it is emitted (its own first reader, or earlier: a
+  recomputed value's inputs are emitted with it) to its last reader;
+- a saved value not decided yet: the smaller of the two, from the first reader it
+  is swapped in for to its last.
+
+Recomputation's other costs (a value read only by recomputation, a chain's
+values live together while it runs, a recomputed view's base) are not counted:
+the bound is lower, never higher, than the simulated peak
+(``tests/test_memory_plan_exact.py`` checks it on random plans).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiled_autograd.autograd.recipe import saved_with_output
+from compiled_autograd.planning.simulate import needed_values, simulate
+from runtime.prims import PRIMS
+
+NODE_LIMIT = 200_000   # branch-and-bound nodes before giving up (the answer is then None)
+
+KEEP, RECOMPUTE, OPEN = 0, 1, 2
+
+
+@dataclass
+class Result:
+    best: object          # the Simulation of the plan found, or None
+    proven: bool          # the search finished: no plan is better (within the limits)
+    nodes: int            # branch-and-bound nodes visited
+    simulated: int        # complete plans simulated
+    seconds: float
+
+
+class _Bound:
+    """The lower bound of the peak (and of the recompute cost) of every plan that
+    agrees with a partial assignment (see the module's docstring)."""
+
+    def __init__(self, profile, decisions):
+        self.profile = profile
+        values = self.values = profile.values
+        self.decisions = sorted(decisions, reverse=True)   # last made first
+        keep_all = simulate(profile, frozenset())
+        nodes = keep_all.graph.nodes
+        position = {node: k for k, node in enumerate(nodes)}
+        first, last = {}, {}
+        for node in nodes:
+            index = node.meta.get("kept")
+            if index is not None:
+                first[index] = position[node]
+        for node, dead in keep_all.schedule.dies_after.items():
+            for d in dead:
+                index = d.meta.get("kept")
+                if index is not None:
+                    last[index] = max(last.get(index, -1), position[node])
+        steps = keep_all.schedule.steps
+        assert [s.index for s in steps] == list(range(len(nodes)))
+        # the steps every plan has, and the count of them before each position
+        fixed = [k for k, node in enumerate(nodes) if "kept" not in node.meta]
+        self.fixed_before = np.searchsorted(np.array(fixed), np.arange(len(nodes) + 1))
+        held = sum(values[s].nbytes for s in {v.storage for v in values}
+                   if s is not None and values[s].freed_with_graph)
+        self.backward_base = np.array([profile.backward_start - held + steps[k].peak_bytes
+                                       for k in fixed], dtype=np.int64)
+        self.forward_live = np.array(profile.forward_live, dtype=np.int64)
+        self.first = {i: self.fixed_before[first[i]] for i in first}
+        self.last = {i: self.fixed_before[last[i] + 1] - 1 for i in last}
+        self.saved = {i for i in self.decisions if values[i].saved and i in first}
+        self.inputs = {i: [a[1] for a in values[i].inputs
+                           if type(a) is tuple and a and a[0] == "value"]
+                       for i in self.decisions}
+        # a kept value whose output is recomputed with a recomputed input
+        # (``saved_with_output``) is counted as not decided
+        self.tied = {i for i in self.decisions if saved_with_output(PRIMS[values[i].prim])}
+        # bytes a recomputation allocates (a view prim none, as memory_schedule
+        # counts it, even where the forward's call had to copy)
+        self.made = {i: 0 if PRIMS[values[i].prim].view else values[i].nbytes
+                     for i in self.decisions}
+
+    def kept_bytes(self, i) -> int:
+        s = self.values[i].storage
+        return self.values[s].nbytes if s is not None and \
+            self.values[s].freed_at is not None else 0
+
+    def live(self, choice):
+        """(the bound's live bytes at each backward step every plan has, at each
+        forward step, the cost bound, the values that may be needed)."""
+        values = self.values
+        needed, maybe, reach = set(), set(), {}
+        for i in self.decisions:       # readers before what they read
+            c = choice.get(i, OPEN)
+            if i in self.saved:
+                needed.add(i)
+                reach[i] = min(reach.get(i, self.first[i]), self.first[i])
+            if i in needed and c == RECOMPUTE:
+                for j in self.inputs[i]:
+                    needed.add(j)
+                    if i in reach:
+                        reach[j] = min(reach.get(j, reach[i]), reach[i])
+            elif (i in needed or i in maybe) and (c != KEEP or i in self.tied):
+                maybe.update(self.inputs[i])   # (needed if it is recomputed)
+        n = len(self.backward_base)
+        delta = np.zeros(n + 1, dtype=np.int64)
+        storages, cost = {}, 0.0
+        for i in needed:
+            c = choice.get(i, OPEN)
+            if c == KEEP and i not in self.tied:
+                s = values[i].storage
+                kb = self.kept_bytes(i)
+                if kb and i in self.saved:
+                    storages[s] = max(storages.get(s, -1), self.last[i])
+                elif kb:   # read by a recomputation emitted before step reach[i]
+                    storages[s] = max(storages.get(s, -1), reach[i] - 1)
+            elif c == RECOMPUTE:
+                cost += values[i].cost
+        counted = set(storages)
+        for s, end in storages.items():
+            delta[0] += values[s].nbytes
+            delta[end + 1] -= values[s].nbytes
+        for i in needed:
+            if i not in self.saved:
+                continue
+            c = choice.get(i, OPEN)
+            if c == KEEP and i not in self.tied:
+                continue
+            own = self.made[i]
+            if c != RECOMPUTE:   # open (or tied): the smaller of keeping and recomputing
+                own = min(own, 0 if values[i].storage in counted else self.kept_bytes(i))
+            if own:
+                lo, hi = reach[i], self.last[i]
+                if lo <= hi:
+                    delta[lo] += own
+                    delta[hi + 1] -= own
+        extra = np.zeros(len(self.forward_live) + 1, dtype=np.int64)
+        for s in storages:
+            extra[values[s].freed_at] += values[s].nbytes
+        backward = self.backward_base + np.cumsum(delta[:n])
+        forward = self.forward_live + np.cumsum(extra[:len(self.forward_live)])
+        return backward, forward, cost, needed | maybe
+
+    def __call__(self, choice) -> tuple:
+        """(lower bound of the peak, of the cost, the values that may be needed) of
+        the plans that agree with ``choice`` (value -> KEEP, RECOMPUTE; the others
+        open), decided from the last value made in the forward."""
+        backward, forward, cost, needed = self.live(choice)
+        peak = max(int(backward.max()) if len(backward) else 0,
+                   int(forward.max()) if len(forward) else 0)
+        return peak, cost, needed
+
+
+def branch_and_bound(profile, budget=None, incumbent=None, simulations=None,
+                     node_limit=NODE_LIMIT, decisions=None) -> Result:
+    """With ``budget`` None: the plan of the lowest simulated peak (the cheapest
+    among equal peaks). With a budget in bytes: the cheapest plan whose simulated
+    peak fits it (None if none does). ``incumbent``: a Simulation to beat (a
+    planner's plan: the search then only has to prove it or find better).
+    ``simulations``: a dict recompute set -> Simulation, shared with the planner.
+    Gives up after ``node_limit`` nodes (``proven`` False)."""
+    start = time.perf_counter()
+    sims = {} if simulations is None else simulations
+    if decisions is None:
+        every = frozenset(v.index for v in profile.values)
+        recompute, kept = needed_values(profile, every)
+        decisions = recompute | kept
+    bound = _Bound(profile, decisions)
+    order = bound.decisions
+    best = incumbent
+    if best is not None and budget is not None and best.peak > budget:
+        best = None
+    count = {"nodes": 0, "simulated": 0}
+
+    def better(peak, cost) -> bool:
+        if budget is not None and peak > budget:
+            return False
+        if best is None:
+            return True
+        key = (cost, peak) if budget is not None else (peak, cost)
+        return key < ((best.cost, best.peak) if budget is not None else (best.peak, best.cost))
+
+    def sim(choice):
+        recompute = needed_values(profile, frozenset(i for i, c in choice.items()
+                                                     if c == RECOMPUTE))[0]
+        s = sims.get(recompute)
+        if s is None:
+            s = sims[recompute] = simulate(profile, recompute)
+            count["simulated"] += 1
+        return s
+
+    def promising(low, cost) -> bool:
+        if budget is not None:
+            return low <= budget and (best is None or cost < best.cost)
+        return best is None or (low, cost) < (best.peak, best.cost)
+
+    # an explicit stack (depth, choice): no recursion limit on big graphs
+    stack = [(0, {})]
+    proven = True
+    while stack:
+        depth, choice = stack.pop()
+        count["nodes"] += 1
+        if count["nodes"] > node_limit:
+            proven = False
+            break
+        low, cost, needed = bound(choice)
+        if not promising(low, cost):
+            continue
+        while depth < len(order) and order[depth] not in needed:
+            depth += 1          # nothing needs it: keeping and recomputing are one plan
+        if depth == len(order):
+            s = sim(choice)
+            if better(s.peak, s.cost):
+                best = s
+            continue
+        i = order[depth]
+        # the incumbent's choice first (searched first: pushed last)
+        first = RECOMPUTE if best is not None and i in best.recompute else KEEP
+        for c in (1 - first, first):
+            stack.append((depth + 1, {**choice, i: c}))
+    return Result(best, proven, count["nodes"], count["simulated"],
+                  time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------- the DP
+
+class _Bucket:
+    """The states of one kind at one level, none dominated by another: a state
+    is dropped when another has, on every stretch of steps, no more live bytes,
+    and no higher cost."""
+
+    def __init__(self, width):
+        self.keys = np.empty((8, width), dtype=np.int64)
+        self.costs = np.empty(8)
+        self.alive = np.zeros(8, dtype=bool)
+        self.rest = []
+        self.n = 0
+
+    def offer(self, key, cost, P, plan):
+        n, keys, alive = self.n, self.keys[:self.n], self.alive[:self.n]
+        if n:
+            if np.any(alive & (self.costs[:n] <= cost) & (keys <= key).all(1)):
+                return
+            alive &= ~((cost <= self.costs[:n]) & (key <= keys).all(1))
+        if n == len(self.costs):
+            self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
+            self.costs = np.concatenate([self.costs, np.empty_like(self.costs)])
+            self.alive = np.concatenate([self.alive, np.zeros_like(self.alive)])
+        self.keys[n], self.costs[n], self.alive[n] = key, cost, True
+        self.rest.append((P, plan))
+        self.n += 1
+
+    def states(self):
+        return [(None, self.costs[k], self.rest[k][0], self.rest[k][1])
+                for k in range(self.n) if self.alive[k]]
+
+
+STATE_LIMIT = 200_000   # DP states kept at one level before giving up
+
+
+@dataclass
+class Front:
+    """The lower bound's Pareto front over every plan: (peak, cost, recompute set)
+    triples, none with both a higher peak and a higher cost than another, such
+    that every plan's simulated peak is at least the bound of its plan."""
+    points: list          # (peak bound, cost bound, recompute frozenset), by peak
+    states: int           # most DP states at one level
+    seconds: float
+    decided: int = 0      # decisions taken (all of them, unless it gave up)
+    decisions: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.decided == self.decisions
+
+    def lowest(self):
+        """(the least peak bound of any plan, a plan that reaches it, its cost)."""
+        peak, cost, plan = self.points[0]
+        return peak, plan, cost
+
+    def cheapest(self, budget):
+        """(the least cost bound of a plan whose bound fits ``budget``, the plan), or
+        None: no plan's simulated peak fits either."""
+        fitting = [(c, p, plan) for p, c, plan in self.points if p <= budget]
+        if not fitting:
+            return None
+        cost, _, plan = min(fitting, key=lambda x: (x[0], x[1]))
+        return cost, plan
+
+
+def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
+    """The exact Pareto front of ``_Bound`` over every complete plan, by dynamic
+    programming over the decisions from the last value made in the forward to the
+    first. The bound of a plan is a max over steps of a sum of intervals, one per
+    value, whose ends depend on the value's own choice and on those of the values
+    that read it (decided before it): a DP state is what the undecided values
+    still depend on (the reach of the recomputation that needs them, the kept
+    storages whose owner is undecided) and the live bytes so far at every step;
+    among states of one kind, one whose live bytes are no lower on every stretch
+    of steps the future cannot tell apart, at no lower cost, is dropped. Gives up
+    (``complete`` False, no points) when a level holds more than ``state_limit``
+    states."""
+    start = time.perf_counter()
+    if decisions is None:
+        every = frozenset(v.index for v in profile.values)
+        recompute, kept = needed_values(profile, every)
+        decisions = recompute | kept
+    b = _Bound(profile, decisions)
+    values = b.values
+    n, t = len(b.backward_base), len(b.forward_live)
+    base = np.concatenate([b.backward_base, b.forward_live]).astype(np.int64)
+    order = b.decisions
+    saved, first, last, tied = b.saved, b.first, b.last, b.tied
+    kb = {i: b.kept_bytes(i) for i in order}
+
+    def finalize(P, s, end):
+        P = P.copy()
+        P[:end + 1] += values[s].nbytes
+        P[n + values[s].freed_at:] += values[s].nbytes
+        return P
+
+    # (frontier: value -> reach, groups: storage -> last step) -> [(key, cost, P, plan)]
+    level = {((), ()): [(None, 0.0, base.copy(), frozenset())]}
+    most = 1
+    for d, i in enumerate(order):
+        rest = order[d + 1:]
+        rest_points = {0, n}
+        for j in rest:
+            if j in saved:
+                rest_points.add(first[j])
+                rest_points.add(last[j] + 1)
+            if kb.get(j):
+                rest_points.add(n + values[values[j].storage].freed_at)
+        nxt = {}
+        for (frontier_items, group_items), states in level.items():
+            frontier, groups = dict(frontier_items), dict(group_items)
+            needed = i in saved or i in frontier
+            reach = min(frontier.get(i, n), first[i] if i in saved else n)
+            frontier.pop(i, None)
+            options = (KEEP, RECOMPUTE) if needed else (KEEP,)
+            for c in options:
+                f2, g2 = dict(frontier), dict(groups)
+                add = []          # (lo, hi, bytes) on the backward steps
+                extra = 0.0
+                if c == RECOMPUTE:
+                    extra = values[i].cost
+                    if i in saved and b.made[i]:
+                        add.append((reach, last[i], b.made[i]))
+                    for j in b.inputs[i]:
+                        f2[j] = min(f2.get(j, reach), reach)
+                elif needed and i not in tied:
+                    if kb[i]:   # (not saved: read by a recomputation emitted before reach)
+                        s = values[i].storage
+                        g2[s] = max(g2.get(s, -1), last[i] if i in saved else reach - 1)
+                elif i in saved:      # tied, kept: counted as not decided
+                    s = values[i].storage
+                    own = min(b.made[i], 0 if s in g2 else kb[i])
+                    if own:
+                        add.append((reach, last[i], own))
+                done = [s for s in g2 if s >= i]   # owners decided: their storage is final
+                points = set(rest_points) | set(f2.values()) | \
+                    {e + 1 for s, e in g2.items() if s < i} | \
+                    {n + values[s].freed_at for s in g2 if s < i}
+                cut = np.array(sorted(p for p in points if p < n + t))
+                for P, cost, plan in ((p_, c_, pl_) for _, c_, p_, pl_ in states):
+                    P2 = P
+                    if add or done:
+                        P2 = P.copy()
+                        for lo, hi, nb in add:
+                            if lo <= hi:
+                                P2[lo:hi + 1] += nb
+                        for s in done:
+                            P2 = finalize(P2, s, g2[s])
+                    key = np.maximum.reduceat(P2, cut)
+                    sig = (tuple(sorted(f2.items())),
+                           tuple(sorted((s, e) for s, e in g2.items() if s < i)))
+                    bucket = nxt.get(sig)
+                    if bucket is None:
+                        bucket = nxt[sig] = _Bucket(len(key))
+                    bucket.offer(key, cost + extra, P2, plan | {i} if c == RECOMPUTE else plan)
+        level = {sig: bucket.states() for sig, bucket in nxt.items()}
+        size = sum(len(v) for v in level.values())
+        most = max(most, size)
+        if size > state_limit:
+            return Front([], size, time.perf_counter() - start, d + 1, len(order))
+    points = []
+    for (_, group_items), states in level.items():
+        for _, cost, P, plan in states:
+            for s, end in group_items:
+                P = finalize(P, s, end)
+            points.append((int(P.max()), cost, plan))
+    points.sort(key=lambda x: (x[0], x[1]))
+    front, best_cost = [], float("inf")
+    for p, c, plan in points:
+        if c < best_cost:
+            front.append((p, c, plan))
+            best_cost = c
+    return Front(front, most, time.perf_counter() - start, len(order), len(order))
