@@ -29,35 +29,82 @@
 #include <sys/mman.h>
 #endif
 
+typedef int (*ca_callback)(int site, void **results, int *done);
 typedef int (*backward_fn)(void **in, void **out, char *arena, const int64_t *sizes,
-                           const double *scalars, const int64_t *offsets, void *cb);
+                           const double *scalars, const int64_t *offsets, ca_callback cb);
 
 typedef struct {
     int ndim, type;
     npy_intp dims[NPY_MAXDIMS];
 } Layout;
 
+/* A callback site's work (see CBackward._native_runner): its ops before the hook
+   (deferred accumulations, releases, arena blocks closed, outputs allocated), the
+   hook with its arguments, where its results go, and its ops after (blocks opened). */
+enum { OP_FLUSH, OP_RELEASE_IN, OP_RELEASE_EXT, OP_CLOSE, OP_ALLOC, OP_OPEN };
+enum { ARG_LITERAL, ARG_REF, ARG_WHOLE, ARG_VIEW };
+enum { AT_IN, AT_OUT, AT_EXT, AT_ARENA };
+
+typedef struct {
+    int kind, at, copy;
+    PyObject *literal;        /* borrowed from the Runner's ``sites`` tuple */
+    Py_ssize_t index;         /* ARG_REF: ref slot; else the storage (or block, -1: arena) */
+    Py_ssize_t offset;        /* ARG_VIEW: bytes from the storage's first byte */
+    Layout layout;
+    npy_intp strides[NPY_MAXDIMS];
+} Arg;
+
+typedef struct {
+    Py_ssize_t item, ext;     /* item -1: the value itself, else value[item] */
+    Layout layout;
+    npy_intp strides[NPY_MAXDIMS];   /* the bytes strides the C reads it with */
+} Result;
+
+typedef struct {
+    PyObject *fn;             /* borrowed; NULL: a release site */
+    Py_ssize_t n_pre, n_post, n_args, n_res;
+    int *op;                  /* n_pre ops, then n_post */
+    Py_ssize_t *op_arg;
+    Arg *args;
+    Result *res;
+} Site;
+
 typedef struct {
     PyObject_HEAD
     backward_fn fn;
     Py_ssize_t n_refs, n_in, n_out, n_acc, n_res, arena_bytes;
-    Py_ssize_t *ref_box;      /* per ref slot: its index in the boxed inputs list */
+    Py_ssize_t n_ext, n_blocks, n_sites;
+    Py_ssize_t *ref_box;      /* per ref slot: its box (0 inputs .. 4 packed_data) */
+    Py_ssize_t *ref_index;    /* ... its index in that list */
+    char *ref_take;           /* ... whether the call takes it (the slot becomes None) */
     Py_ssize_t *in_slot;      /* per input of the C: its ref slot */
     char *in_keep;            /* ... whether the object itself is needed later */
     Layout *in_layout, *out_layout;
+    char *out_late;           /* per output: allocated at a callback, not at the start */
     Py_ssize_t *acc_slot, *acc_out;
-    char *acc_owned;
+    char *acc_owned, *acc_drop;
     Py_ssize_t *res_kind, *res_index;     /* kind 0: None, 1: ref slot, 2: output */
+    npy_intp *block_bytes;    /* per arena block (codegen/arena.py) */
+    char *block_at_start;
+    Site *sites;
     int reads_sizes, reads_scalars;       /* (a program without symbols reads neither) */
-    PyObject *errors, *accumulate, *fix_input;
+    PyObject *errors, *accumulate, *fix_input, *fix_result, *site_specs;
 } Runner;
 
 static void runner_free_arrays(Runner *r)
 {
-    PyMem_Free(r->ref_box); PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
-    PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->acc_slot);
-    PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned); PyMem_Free(r->res_kind);
-    PyMem_Free(r->res_index);
+    PyMem_Free(r->ref_box); PyMem_Free(r->ref_index); PyMem_Free(r->ref_take);
+    PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
+    PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->out_late);
+    PyMem_Free(r->acc_slot); PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned);
+    PyMem_Free(r->acc_drop); PyMem_Free(r->res_kind); PyMem_Free(r->res_index);
+    PyMem_Free(r->block_bytes); PyMem_Free(r->block_at_start);
+    if (r->sites != NULL)
+        for (Py_ssize_t k = 0; k < r->n_sites; k++) {
+            PyMem_Free(r->sites[k].op); PyMem_Free(r->sites[k].op_arg);
+            PyMem_Free(r->sites[k].args); PyMem_Free(r->sites[k].res);
+        }
+    PyMem_Free(r->sites);
 }
 
 /* The Python objects a Runner holds: the collector sees them (a fix_input that
@@ -67,6 +114,8 @@ static int runner_traverse(Runner *r, visitproc visit, void *arg)
     Py_VISIT(r->errors);
     Py_VISIT(r->accumulate);
     Py_VISIT(r->fix_input);
+    Py_VISIT(r->fix_result);
+    Py_VISIT(r->site_specs);
     return 0;
 }
 
@@ -75,6 +124,8 @@ static int runner_clear(Runner *r)
     Py_CLEAR(r->errors);
     Py_CLEAR(r->accumulate);
     Py_CLEAR(r->fix_input);
+    Py_CLEAR(r->fix_result);
+    Py_CLEAR(r->site_specs);
     return 0;
 }
 
@@ -113,43 +164,160 @@ static int read_layout(PyObject *item, Layout *out)
 /* A zeroed PyMem array of n (+1, so never of size 0) elements; true on failure. */
 #define ALLOC(ptr, n) (((ptr) = PyMem_Calloc((size_t)(n) + 1, sizeof *(ptr))) == NULL)
 
+/* A layout and its byte strides: ((shape, type number), strides). */
+static int read_strided(PyObject *layout, PyObject *strides, Layout *l, npy_intp *out)
+{
+    if (read_layout(layout, l) < 0)
+        return -1;
+    if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != l->ndim) {
+        PyErr_SetString(PyExc_ValueError, "Runner: strides of the wrong length");
+        return -1;
+    }
+    for (int d = 0; d < l->ndim; d++)
+        if ((out[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, d))) == -1 && PyErr_Occurred())
+            return -1;
+    return 0;
+}
+
+/* One callback site's spec: (fn or None, pre ops, post ops, args, results); ops
+   are (op, argument) pairs, checked against the Runner's sizes. */
+static int read_site(Runner *r, PyObject *spec, Site *s)
+{
+    PyObject *fn, *pre, *post, *args, *res;
+    if (!PyArg_ParseTuple(spec, "OO!O!O!O!", &fn, &PyTuple_Type, &pre, &PyTuple_Type, &post,
+                          &PyTuple_Type, &args, &PyTuple_Type, &res))
+        return -1;
+    s->fn = fn == Py_None ? NULL : fn;
+    s->n_pre = PyTuple_GET_SIZE(pre);
+    s->n_post = PyTuple_GET_SIZE(post);
+    s->n_args = PyTuple_GET_SIZE(args);
+    s->n_res = PyTuple_GET_SIZE(res);
+    if (ALLOC(s->op, s->n_pre + s->n_post) || ALLOC(s->op_arg, s->n_pre + s->n_post)
+        || ALLOC(s->args, s->n_args) || ALLOC(s->res, s->n_res)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < s->n_pre + s->n_post; k++) {
+        PyObject *op = k < s->n_pre ? PyTuple_GET_ITEM(pre, k) : PyTuple_GET_ITEM(post, k - s->n_pre);
+        if (!PyArg_ParseTuple(op, "in", &s->op[k], &s->op_arg[k]))
+            return -1;
+        Py_ssize_t i = s->op_arg[k], limit;
+        switch (s->op[k]) {
+        case OP_FLUSH: limit = r->n_acc + 1; break;
+        case OP_RELEASE_IN: limit = r->n_in; break;
+        case OP_RELEASE_EXT: limit = r->n_ext; break;
+        case OP_ALLOC: limit = r->n_out; break;
+        case OP_CLOSE: case OP_OPEN: limit = r->n_blocks; break;
+        default: limit = -1;
+        }
+        if (i < 0 || i >= limit)
+            goto range;
+    }
+    for (Py_ssize_t k = 0; k < s->n_args; k++) {
+        PyObject *item = PyTuple_GET_ITEM(args, k), *layout, *strides;
+        Arg *a = &s->args[k];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2) {
+            PyErr_SetString(PyExc_ValueError, "Runner: a bad argument spec");
+            return -1;
+        }
+        a->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (a->kind == ARG_LITERAL) {
+            a->literal = PyTuple_GET_ITEM(item, 1);
+        } else if (a->kind == ARG_REF) {
+            if (!PyArg_ParseTuple(item, "in", &a->kind, &a->index))
+                return -1;
+            if (a->index < 0 || a->index >= r->n_refs)
+                goto range;
+        } else if (a->kind == ARG_WHOLE) {
+            if (!PyArg_ParseTuple(item, "iin", &a->kind, &a->at, &a->index))
+                return -1;
+        } else if (a->kind == ARG_VIEW) {
+            if (!PyArg_ParseTuple(item, "iinnOOp", &a->kind, &a->at, &a->index, &a->offset,
+                                  &layout, &strides, &a->copy)
+                || read_strided(layout, strides, &a->layout, a->strides) < 0)
+                return -1;
+        } else {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "Runner: a bad argument kind");
+            return -1;
+        }
+        if (a->kind == ARG_WHOLE || a->kind == ARG_VIEW) {
+            Py_ssize_t limit = a->at == AT_IN ? r->n_in : a->at == AT_OUT ? r->n_out
+                               : a->at == AT_EXT ? r->n_ext : a->at == AT_ARENA ? r->n_blocks : -1;
+            if (a->index >= limit || a->index < (a->at == AT_ARENA && a->kind == ARG_VIEW ? -1 : 0)
+                || (a->kind == ARG_WHOLE && a->at == AT_ARENA))
+                goto range;
+        }
+    }
+    for (Py_ssize_t k = 0; k < s->n_res; k++) {
+        PyObject *layout, *strides;
+        Result *t = &s->res[k];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(res, k), "nnOO", &t->item, &t->ext, &layout,
+                              &strides) || read_strided(layout, strides, &t->layout, t->strides) < 0)
+            return -1;
+        if (t->ext < 0 || t->ext >= r->n_ext || t->item < -1)
+            goto range;
+    }
+    return 0;
+range:
+    PyErr_SetString(PyExc_ValueError, "Runner: an index out of range");
+    return -1;
+}
+
 static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"fn", "refs", "inputs", "outputs", "accumulations", "results",
-                            "arena_bytes", "errors", "accumulate", "fix_input", "reads", NULL};
+                            "arena_bytes", "errors", "accumulate", "fix_input", "reads",
+                            "late", "blocks", "n_ext", "sites", "fix_result", NULL};
     unsigned long long fn;
     PyObject *refs, *inputs, *outputs, *accs, *results, *errors, *accumulate, *fix_input;
+    PyObject *late = NULL, *blocks = NULL, *sites = NULL, *fix_result = Py_None;
     if (r->fn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner is initialised once");
         return -1;
     }
     r->reads_sizes = r->reads_scalars = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO|(pp)", names, &fn,
+    r->n_ext = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO|(pp)O!O!nO!O", names, &fn,
                                      &PyTuple_Type, &refs, &PyTuple_Type, &inputs,
                                      &PyTuple_Type, &outputs, &PyTuple_Type, &accs,
                                      &PyTuple_Type, &results, &r->arena_bytes,
                                      &PyTuple_Type, &errors, &accumulate, &fix_input,
-                                     &r->reads_sizes, &r->reads_scalars))
+                                     &r->reads_sizes, &r->reads_scalars, &PyTuple_Type, &late,
+                                     &PyTuple_Type, &blocks, &r->n_ext, &PyTuple_Type, &sites,
+                                     &fix_result))
         return -1;
     r->n_refs = PyTuple_GET_SIZE(refs);
     r->n_in = PyTuple_GET_SIZE(inputs);
     r->n_out = PyTuple_GET_SIZE(outputs);
     r->n_acc = PyTuple_GET_SIZE(accs);
     r->n_res = PyTuple_GET_SIZE(results);
-    if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
+    r->n_blocks = blocks ? PyTuple_GET_SIZE(blocks) : 0;
+    r->n_sites = sites ? PyTuple_GET_SIZE(sites) : 0;
+    if ((late && PyTuple_GET_SIZE(late) != r->n_out) || r->n_ext < 0) {
+        PyErr_SetString(PyExc_ValueError, "Runner: late must say it of every output");
+        goto fail;
+    }
+    if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->ref_index, r->n_refs)
+        || ALLOC(r->ref_take, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
         || ALLOC(r->in_layout, r->n_in) || ALLOC(r->out_layout, r->n_out)
-        || ALLOC(r->acc_slot, r->n_acc) || ALLOC(r->acc_out, r->n_acc)
-        || ALLOC(r->acc_owned, r->n_acc) || ALLOC(r->res_kind, r->n_res)
-        || ALLOC(r->res_index, r->n_res)) {
+        || ALLOC(r->out_late, r->n_out) || ALLOC(r->acc_slot, r->n_acc)
+        || ALLOC(r->acc_out, r->n_acc) || ALLOC(r->acc_owned, r->n_acc)
+        || ALLOC(r->acc_drop, r->n_acc) || ALLOC(r->res_kind, r->n_res)
+        || ALLOC(r->res_index, r->n_res) || ALLOC(r->block_bytes, r->n_blocks)
+        || ALLOC(r->block_at_start, r->n_blocks) || ALLOC(r->sites, r->n_sites)) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t k = 0; k < r->n_refs; k++)
-        if ((r->ref_box[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(refs, k))) < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "Runner: a negative box index");
+    for (Py_ssize_t k = 0; k < r->n_refs; k++) {
+        int take;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(refs, k), "nnp", &r->ref_box[k], &r->ref_index[k],
+                              &take))
             goto fail;
-        }
+        r->ref_take[k] = (char)take;
+        if (r->ref_box[k] < 0 || r->ref_box[k] > 4 || r->ref_index[k] < 0)
+            goto range;
+    }
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
         PyObject *layout;
         int keep;
@@ -158,20 +326,32 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
             goto fail;
         r->in_keep[j] = (char)keep;
     }
-    for (Py_ssize_t j = 0; j < r->n_out; j++)
+    for (Py_ssize_t j = 0; j < r->n_out; j++) {
         if (read_layout(PyTuple_GET_ITEM(outputs, j), &r->out_layout[j]) < 0)
             goto fail;
+        if (late && (r->out_late[j] = (char)PyObject_IsTrue(PyTuple_GET_ITEM(late, j))) < 0)
+            goto fail;
+    }
     for (Py_ssize_t k = 0; k < r->n_acc; k++) {
-        int owned;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(accs, k), "nnp", &r->acc_slot[k], &r->acc_out[k],
-                              &owned))
+        int owned, drop = 0;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(accs, k), "nnp|p", &r->acc_slot[k], &r->acc_out[k],
+                              &owned, &drop))
             goto fail;
         r->acc_owned[k] = (char)owned;
+        r->acc_drop[k] = (char)drop;
     }
     for (Py_ssize_t k = 0; k < r->n_res; k++)
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(results, k), "nn", &r->res_kind[k],
                               &r->res_index[k]))
             goto fail;
+    for (Py_ssize_t k = 0; k < r->n_blocks; k++) {
+        int at_start;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(blocks, k), "np", &r->block_bytes[k], &at_start))
+            goto fail;
+        r->block_at_start[k] = (char)at_start;
+        if (r->block_bytes[k] < 0)
+            goto range;
+    }
     /* Every index in range, so that a call never reads outside its arrays. */
     for (Py_ssize_t j = 0; j < r->n_in; j++)
         if (r->in_slot[j] < 0 || r->in_slot[j] >= r->n_refs)
@@ -193,10 +373,15 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
             PyErr_SetString(PyExc_TypeError, "Runner: errors must be strings");
             goto fail;
         }
+    for (Py_ssize_t k = 0; k < r->n_sites; k++)
+        if (read_site(r, PyTuple_GET_ITEM(sites, k), &r->sites[k]) < 0)
+            goto fail;
     r->fn = (backward_fn)(uintptr_t)fn;
     r->errors = Py_NewRef(errors);
     r->accumulate = Py_NewRef(accumulate);
     r->fix_input = Py_NewRef(fix_input);
+    r->fix_result = Py_NewRef(fix_result);
+    r->site_specs = sites ? Py_NewRef(sites) : NULL;   /* (holds the sites' objects) */
     return 0;
 range:
     PyErr_SetString(PyExc_ValueError, "Runner: an index out of range");
@@ -392,34 +577,259 @@ static int read_numbers(PyObject *list, int as_double, void **out)
     return 0;
 }
 
+/* One running call: what its callbacks need. The generated code's callback has
+   no context argument: the thread's innermost call is ``current_call`` (a hook
+   that runs another compiled backward nests one inside). */
+typedef struct Call {
+    Runner *r;
+    PyThreadState *tstate;    /* saved while the C runs without the GIL */
+    PyObject **refs, **in, **out, **ext;     /* out: the outputs, then the arena blocks */
+    char *arena;
+    PyObject *sizes;
+    Py_ssize_t flushed;       /* accumulations done */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *error;
+#else
+    PyObject *etype, *evalue, *etb;
+#endif
+    int failed;
+    struct Call *outer;
+} Call;
+
+static _Thread_local Call *current_call;
+
+/* Gradient accumulations up to ``upto`` (node.accumulate_into), in order. */
+static int flush(Call *c, Py_ssize_t upto)
+{
+    Runner *r = c->r;
+    while (c->flushed < upto) {
+        Py_ssize_t k = c->flushed++;
+        PyObject *variable = c->refs[r->acc_slot[k]], *grad = c->out[r->acc_out[k]];
+        if (variable == NULL || grad == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "Runner: an accumulation's value was dropped");
+            return -1;
+        }
+        PyObject *call_args[3] = {variable, grad, r->acc_owned[k] ? Py_True : Py_False};
+        PyObject *none = PyObject_Vectorcall(r->accumulate, call_args, 3, NULL);
+        if (none == NULL)
+            return -1;
+        Py_DECREF(none);
+        if (r->acc_drop[k])      /* nothing reads it later: .grad holds it alone */
+            Py_CLEAR(c->out[r->acc_out[k]]);
+    }
+    return 0;
+}
+
+static PyObject *new_block(npy_intp bytes)
+{
+    npy_intp n = bytes > 0 ? bytes : 1;
+    return PyArray_SimpleNew(1, &n, NPY_UINT8);
+}
+
+static int run_ops(Call *c, const int *op, const Py_ssize_t *arg, Py_ssize_t n)
+{
+    Runner *r = c->r;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = arg[k];
+        switch (op[k]) {
+        case OP_FLUSH:
+            if (flush(c, i) < 0)
+                return -1;
+            break;
+        case OP_RELEASE_IN: Py_CLEAR(c->in[i]); break;
+        case OP_RELEASE_EXT: Py_CLEAR(c->ext[i]); break;
+        case OP_CLOSE: Py_CLEAR(c->out[r->n_out + i]); break;
+        case OP_ALLOC:
+            Py_XDECREF(c->out[i]);
+            if ((c->out[i] = output_array(&r->out_layout[i])) == NULL)
+                return -1;
+            break;
+        case OP_OPEN:
+            Py_XDECREF(c->out[r->n_out + i]);
+            if ((c->out[r->n_out + i] = new_block(r->block_bytes[i])) == NULL)
+                return -1;
+            break;
+        }
+    }
+    return 0;
+}
+
+static PyObject *storage_object(Call *c, int at, Py_ssize_t i)
+{
+    PyObject *obj = at == AT_IN ? c->in[i] : at == AT_OUT ? c->out[i]
+                    : at == AT_EXT ? c->ext[i] : c->out[c->r->n_out + i];
+    if (obj == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "Runner: a hook's argument was released");
+    return obj;
+}
+
+/* A hook's argument, a new reference: a constant, a Python object of the boxes,
+   an array the call holds, or a window on one (a copy where it is in the arena,
+   whose memory the backward reuses), as CBackward._resolve makes it. */
+static PyObject *make_arg(Call *c, const Arg *a)
+{
+    if (a->kind == ARG_LITERAL)
+        return Py_NewRef(a->literal);
+    if (a->kind == ARG_REF)
+        return Py_NewRef(c->refs[a->index] != NULL ? c->refs[a->index] : Py_None);
+    PyObject *base = NULL;
+    char *data;
+    if (a->kind == ARG_VIEW && a->at == AT_ARENA && a->index < 0) {
+        data = c->arena;
+    } else {
+        if ((base = storage_object(c, a->at, a->index)) == NULL)
+            return NULL;
+        if (a->kind == ARG_WHOLE)
+            return Py_NewRef(base);
+        data = PyArray_BYTES((PyArrayObject *)base);
+    }
+    PyArray_Descr *descr = PyArray_DescrFromType(a->layout.type);
+    if (descr == NULL)
+        return NULL;
+    PyObject *view = PyArray_NewFromDescr(&PyArray_Type, descr, a->layout.ndim,
+                                          (npy_intp *)a->layout.dims, (npy_intp *)a->strides,
+                                          data + a->offset, NPY_ARRAY_WRITEABLE, NULL);
+    if (view == NULL)
+        return NULL;
+    if (a->copy) {
+        PyObject *copy = PyArray_NewCopy((PyArrayObject *)view, NPY_CORDER);
+        Py_DECREF(view);
+        return copy;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)view, Py_NewRef(base)) < 0) {   /* (steals) */
+        Py_DECREF(view);
+        return NULL;
+    }
+    return view;
+}
+
+/* An array the C reads as compiled: its shape, dtype and (where it matters) strides. */
+static int conforms_strided(PyObject *obj, const Layout *l, const npy_intp *strides)
+{
+    if (!PyArray_Check(obj))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_NDIM(a) != l->ndim || PyArray_TYPE(a) != l->type || !PyArray_ISNOTSWAPPED(a))
+        return 0;
+    for (int d = 0; d < l->ndim; d++)
+        if (PyArray_DIM(a, d) != l->dims[d])
+            return 0;
+    if (PyArray_SIZE(a) > 1)
+        for (int d = 0; d < l->ndim; d++)
+            if (l->dims[d] > 1 && PyArray_STRIDE(a, d) != strides[d])
+                return 0;
+    return 1;
+}
+
+/* Callback site ``index``: its ops, its hook, its results handed to C, its ops after. */
+static int run_site(Call *c, int index, void **results)
+{
+    Runner *r = c->r;
+    if (index < 0 || index >= r->n_sites) {
+        PyErr_Format(PyExc_RuntimeError, "Runner: no callback site %d", index);
+        return -1;
+    }
+    const Site *s = &r->sites[index];
+    if (run_ops(c, s->op, s->op_arg, s->n_pre) < 0)
+        return -1;
+    if (s->fn != NULL) {
+        PyObject *stack[8], **argv = stack;
+        if (s->n_args > 8 && (argv = PyMem_Malloc((size_t)s->n_args * sizeof *argv)) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_ssize_t made = 0;
+        while (made < s->n_args && (argv[made] = make_arg(c, &s->args[made])) != NULL)
+            made++;
+        PyObject *value = made == s->n_args ? PyObject_Vectorcall(s->fn, argv, made, NULL) : NULL;
+        for (Py_ssize_t k = 0; k < made; k++)
+            Py_DECREF(argv[k]);
+        if (argv != stack)
+            PyMem_Free(argv);
+        if (value == NULL)
+            return -1;
+        for (Py_ssize_t j = 0; j < s->n_res; j++) {
+            const Result *t = &s->res[j];
+            PyObject *item = t->item < 0 ? Py_NewRef(value) : PySequence_GetItem(value, t->item);
+            if (item != NULL && !conforms_strided(item, &t->layout, t->strides)) {
+                /* CBackward._checked: its error, or a copy in the compiled layout */
+                PyObject *fixed = PyObject_CallFunction(r->fix_result, "inOO", index, j, item,
+                                                        c->sizes);
+                Py_DECREF(item);
+                if (fixed != NULL && !conforms_strided(fixed, &t->layout, t->strides)) {
+                    PyErr_SetString(PyExc_TypeError, "Runner: fix_result gave another layout");
+                    Py_CLEAR(fixed);
+                }
+                item = fixed;
+            }
+            if (item == NULL) {
+                Py_DECREF(value);
+                return -1;
+            }
+            Py_XSETREF(c->ext[t->ext], item);
+            results[j] = PyArray_DATA((PyArrayObject *)item);
+        }
+        Py_DECREF(value);
+    }
+    return run_ops(c, s->op + s->n_pre, s->op_arg + s->n_pre, s->n_post);
+}
+
+/* The generated code's ``cb``: the site's work under the GIL. A failure's
+   exception is kept for runner_call, which raises it once C has returned. */
+static int site_callback(int site, void **results, int *done)
+{
+    Call *c = current_call;
+    PyEval_RestoreThread(c->tstate);
+    int failed = run_site(c, site, results) < 0;
+    if (failed && !c->failed) {
+        c->failed = 1;
+#if PY_VERSION_HEX >= 0x030C0000
+        c->error = PyErr_GetRaisedException();
+#else
+        PyErr_Fetch(&c->etype, &c->evalue, &c->etb);
+#endif
+    }
+    PyErr_Clear();
+    c->tstate = PyEval_SaveThread();
+    if (!failed)
+        *done = 1;
+    return failed;
+}
+
 static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
 {
-    PyObject *inputs, *sizes, *scalars;
-    static char *names[] = {"inputs", "sizes", "scalars", NULL};
+    PyObject *boxes[5] = {NULL, NULL, NULL, NULL, NULL};
+    static char *names[] = {"inputs", "sizes", "scalars", "hooks", "packed_data", NULL};
     if (r->fn == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner: not initialised");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!", names, &PyList_Type, &inputs,
-                                     &PyList_Type, &sizes, &PyList_Type, &scalars))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|O!O!", names, &PyList_Type, &boxes[0],
+                                     &PyList_Type, &boxes[1], &PyList_Type, &boxes[2],
+                                     &PyList_Type, &boxes[3], &PyList_Type, &boxes[4]))
         return NULL;
+    PyObject *sizes = boxes[1], *scalars = boxes[2];
     PyObject *result = NULL;
-    PyObject **refs = PyMem_Calloc((size_t)(r->n_refs + r->n_in + r->n_out) + 1,
-                                   sizeof(PyObject *));
+    Py_ssize_t n_objs = r->n_refs + r->n_in + r->n_out + r->n_blocks + r->n_ext;
+    PyObject **refs = PyMem_Calloc((size_t)n_objs + 1, sizeof(PyObject *));
     void *size_arr = NULL, *scalar_arr = NULL;
     char *arena = NULL;
     if (refs == NULL)
         return PyErr_NoMemory();
-    PyObject **in = refs + r->n_refs, **out = in + r->n_in;
-    Py_ssize_t n_box = PyList_GET_SIZE(inputs);
+    PyObject **in = refs + r->n_refs, **out = in + r->n_in, **ext = out + r->n_out + r->n_blocks;
     for (Py_ssize_t k = 0; k < r->n_refs; k++) {
-        Py_ssize_t i = r->ref_box[k];
-        if (i >= n_box) {
+        PyObject *box = boxes[r->ref_box[k]];
+        Py_ssize_t i = r->ref_index[k];
+        if (box == NULL || i >= PyList_GET_SIZE(box)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");  /* as list[i] */
             goto done;
         }
-        refs[k] = PyList_GET_ITEM(inputs, i);          /* the list's reference, now ours */
-        PyList_SET_ITEM(inputs, i, Py_NewRef(Py_None));
+        if (r->ref_take[k]) {
+            refs[k] = PyList_GET_ITEM(box, i);          /* the list's reference, now ours */
+            PyList_SET_ITEM(box, i, Py_NewRef(Py_None));
+        } else {
+            refs[k] = Py_NewRef(PyList_GET_ITEM(box, i));
+        }
     }
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
         Py_ssize_t slot = r->in_slot[j];
@@ -438,13 +848,28 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     }
     for (Py_ssize_t j = 0; j < r->n_out; j++) {
         Layout *l = &r->out_layout[j];
-        if ((out[j] = output_array(l)) == NULL)
+        if (!r->out_late[j] && (out[j] = output_array(l)) == NULL)
             goto done;
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = r->fn((void **)in, (void **)out, arena, size_arr, scalar_arr, NULL, NULL);
-    Py_END_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < r->n_blocks; k++)
+        if (r->block_at_start[k] && (out[r->n_out + k] = new_block(r->block_bytes[k])) == NULL)
+            goto done;
+    Call c = {.r = r, .refs = refs, .in = in, .out = out, .ext = ext, .arena = arena,
+              .sizes = sizes, .outer = current_call};
+    current_call = &c;
+    c.tstate = PyEval_SaveThread();
+    int rc = r->fn((void **)in, (void **)out, arena, size_arr, scalar_arr, NULL,
+                   r->n_sites ? site_callback : NULL);
+    PyEval_RestoreThread(c.tstate);
+    current_call = c.outer;
+    if (c.failed) {              /* a callback's exception, as the Python path raises it */
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(c.error);
+#else
+        PyErr_Restore(c.etype, c.evalue, c.etb);
+#endif
+        goto done;
+    }
     if (rc != 0) {
         Py_ssize_t e = -(Py_ssize_t)rc - 1;
         if (rc > 0 || e >= PyTuple_GET_SIZE(r->errors))
@@ -454,19 +879,8 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
                          PyTuple_GET_ITEM(r->errors, e));
         goto done;
     }
-    for (Py_ssize_t k = 0; k < r->n_acc; k++) {
-        PyObject *variable = refs[r->acc_slot[k]];
-        if (variable == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "Runner: an accumulation's variable was dropped");
-            goto done;
-        }
-        PyObject *call_args[3] = {variable, out[r->acc_out[k]],
-                                  r->acc_owned[k] ? Py_True : Py_False};
-        PyObject *none = PyObject_Vectorcall(r->accumulate, call_args, 3, NULL);
-        if (none == NULL)
-            goto done;
-        Py_DECREF(none);
-    }
+    if (flush(&c, r->n_acc) < 0)
+        goto done;
     if ((result = PyTuple_New(r->n_res)) == NULL)
         goto done;
     for (Py_ssize_t k = 0; k < r->n_res; k++) {
@@ -475,7 +889,7 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
         PyTuple_SET_ITEM(result, k, Py_NewRef(v != NULL ? v : Py_None));
     }
 done:
-    for (Py_ssize_t k = 0; k < r->n_refs + r->n_in + r->n_out; k++)
+    for (Py_ssize_t k = 0; k < n_objs; k++)
         Py_XDECREF(refs[k]);
     PyMem_Free(refs);
     PyMem_Free(size_arr);
