@@ -1,22 +1,30 @@
-/* The call of a compiled C backward that has no callbacks, in C (see c_run.py).
+/* The call of a compiled C backward in C (see c_run.py).
 
    Runner(spec) holds what CBackward.build derived from the program; calling it,
-   runner(inputs, sizes, scalars), does what CBackward.__call__'s Python path
-   does, in the same order:
-     1. take each Python object the C needs out of the boxed ``inputs`` list
-        (the list slot becomes None: the call owns the object from here);
+   runner(inputs, sizes, scalars, hooks, packed_data), does what CBackward.__call__'s
+   Python path does, in the same order:
+     1. take each Python object the C needs out of the boxes (an ``inputs``,
+        ``hooks`` or ``packed_data`` slot becomes None: the call owns the object
+        from here; sizes and scalars are read, not taken);
      2. read each input array (a leaf Tensor through its ``_data``), and check it
         has the traced shape and dtype and is C-contiguous; any other value goes
         to the Python ``fix_input`` (which raises, or copies it into the layout
         the C was compiled for);
      3. read the sizes and scalars (if the program reads any: ``reads``), and
-        allocate the arena and the output arrays;
-     4. call ca_backward (without the GIL: the C touches only array memory);
-     5. hand each gradient to the Python ``accumulate`` (node.accumulate_into),
-        in the program's order, so that the .grad rules are written once;
+        allocate the arena, the output arrays and the arena blocks the call
+        starts with (an output or block a callback allocates waits for it);
+     4. call ca_backward (without the GIL: the C touches only array memory). At
+        each callback site (``site_callback``, under the GIL) run the site's ops
+        -- accumulations due before it, arrays past their last use released,
+        arena blocks closed, outputs allocated -- then its hook, one vectorcall
+        with the arguments made here, its results checked (another layout goes
+        to the Python ``fix_result``) and handed to C, then the blocks it opens;
+     5. hand the remaining gradients to the Python ``accumulate``
+        (node.accumulate_into), in the program's order, so that the .grad rules
+        are written once;
      6. return the results.
-   On an error the objects taken stay taken, as on the Python path; an error in
-   the C function comes before any gradient is accumulated. */
+   On an error the objects taken stay taken, as on the Python path; an exception
+   a hook raised is raised once the C function has returned. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION

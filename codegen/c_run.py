@@ -10,13 +10,19 @@ blocks and arrays whose last use has passed, gradient accumulations that come
 before the site -- then runs the hook, hands C a pointer to each array it
 returned, and allocates the arena blocks opened there (codegen/arena.py).
 
-A program without callbacks (no hooks, nothing released early), with a static
-memory plan and whole output arrays as its gradients -- the common case -- is
-called in C instead: ``c_call.c``'s Runner does the same steps, in the same
-order, without the Python glue (benchmarks/c_breakdown.py times both calls).
-It is built once per machine like the cache hit's walk (``runtime.extension``);
-without a compiler for it, with ``CA_C_CALL=0``, or while ``ca.memory.profile()``
-records, the Python code below runs.
+A program with a static memory plan and whole output arrays as its gradients --
+the common case, callbacks or not -- is called in C instead: ``c_call.c``'s
+Runner does the same steps, in the same order, without the Python glue
+(benchmarks/c_breakdown.py times both calls). Its callback sites run in C too:
+``_site_specs`` turns each site's work into ops the Runner interprets (folded
+releases, accumulations, arena blocks, late outputs), and the hook is one
+vectorcall of ``CALL_HOOK[kind]`` with its arguments made in C (an arena value
+copied out, as here) and its results checked in C (a result in another layout
+goes through ``_checked``, which raises or copies, as here). The Runner is built
+once per machine like the cache hit's walk (``runtime.extension``); without a
+compiler for it, with ``CA_C_CALL=0``, while ``ca.memory.profile()`` records, or
+for a program whose layouts depend on sizes (``dynamic=True``), the Python code
+below runs.
 
 If the build fails, ``compile_graph`` raises the build error, or, with
 ``CA_C_FALLBACK=python`` in the environment, warns and returns the Python backend.
