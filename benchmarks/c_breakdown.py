@@ -43,27 +43,39 @@ def _fmt(seconds):
 def c_function_share(case, reps):
     """(median whole compiled backward with the call in C, the same with the call
     in Python, median of the generated function alone). The function is timed on
-    the Python call path, where it is a ctypes call that can be wrapped."""
+    the Python call path, where it is a ctypes call that can be wrapped; in a
+    program with callbacks, less the time inside them (their Python: the hooks
+    and the glue), which leaves the C and the C->Python transitions."""
     import backward
     import compiled_autograd as ca
-    from codegen.c_run import C_CALL, CBackward
+    from codegen.c_run import CALLBACK, C_CALL, CBackward
     make_loss, params = backward._ca_setup(case)
     inner = []
     original = CBackward.__call__
 
     def timed_call(self, *args):
-        fn = self.fn
+        fn, callback = self.fn, self._callback
+        in_callbacks = [0.0]
+        on_callback = self._on_callback
+
+        def timed_callback(*a):
+            start = time.perf_counter()
+            try:
+                return on_callback(*a)
+            finally:
+                in_callbacks[0] += time.perf_counter() - start
 
         def timed_fn(*a):
             start = time.perf_counter()
-            rc = fn(*a)
-            inner.append(time.perf_counter() - start)
+            rc = fn(*a)    # (its last argument: the timed callback)
+            inner.append(time.perf_counter() - start - in_callbacks[0])
             return rc
         self.fn = timed_fn
+        self._callback = CALLBACK(timed_callback)
         try:
             return original(self, *args)
         finally:
-            self.fn = fn
+            self.fn, self._callback = fn, callback
 
     def whole():
         ca.reset_compiled_autograd()
@@ -339,7 +351,7 @@ def main():
     print(f"1 thread; medians of {args.reps}")
     print(f"{'case':<12}{'whole, C call':>15}{'whole, Python call':>20}{'C function':>12}"
           f"{'rest, C call':>14}")
-    for case in ("small_mlp", "chain", "transformer"):
+    for case in ("small_mlp", "chain", "transformer", "custom_fn_python"):
         native, python, inner = c_function_share(case, args.reps if case != "transformer"
                                                  else max(3, args.reps // 10))
         print(f"{case:<12}{_fmt(native):>15}{_fmt(python):>20}{_fmt(inner):>12}"
