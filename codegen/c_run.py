@@ -49,7 +49,8 @@ from compiled_autograd.ir.symbolic import resolve
 from runtime import cbuild, cthreads, memory
 from runtime.extension import Extension
 
-C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),), "the C call",
+C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),
+                               Path(__file__).with_name("c_sites.c")), "the C call",
                    "CA_C_CALL", numpy_headers=True)
 
 
