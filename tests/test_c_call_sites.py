@@ -244,3 +244,17 @@ def test_a_backward_that_runs_a_compiled_backward_inside_nests():
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(native[0], 2 * np.cos(2 * x.detach().numpy()), rtol=1e-6)
     assert inner_log and set(inner_log) == {"inner"}
+
+
+@pytest.mark.parametrize("site", [
+    (None, ((0, 5),), (), (), ()),               # flush past the accumulations
+    (None, ((2, 0),), (), (), ()),               # release of an array there is none of
+    (print, (), (), ((1, 3),), ()),              # an argument from a ref slot past the refs
+    (print, (), (), ((3, 3, 0, 0, ((2,), 11), (4,), True),), ()),   # a view on a block
+    (print, (), (), (), ((-1, 0, ((2,), 11), (4,)),)),              # a result with no ext
+])
+def test_a_site_spec_out_of_range_is_refused_when_the_runner_is_made(site):
+    with pytest.raises(ValueError, match="out of range"):
+        C_CALL.module().Runner(fn=1, refs=(), inputs=(), outputs=(), accumulations=(),
+                               results=(), arena_bytes=0, errors=(), accumulate=print,
+                               fix_input=print, sites=(site,))
