@@ -40,30 +40,90 @@ def _fmt(seconds):
     return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
 
 
+CALLBACK_LOOP = """
+typedef int (*ca_callback)(int site, void **results, int *done);
+int ca_callback_loop(ca_callback cb, int n) {
+  for (int i = 0; i < n; i++) {
+    int done = 0;
+    if (cb(0, 0, &done) || done != 1) return 1;
+  }
+  return 0;
+}
+"""
+
+
+def callback_transition(n=20000):
+    """Seconds of one C->Python->C round trip of a ctypes callback like the
+    Python call path's, outside the Python function it runs (the median of 5
+    loops of ``n`` callbacks from C, less the time measured inside them)."""
+    import ctypes
+
+    from codegen.c_run import CALLBACK
+    from runtime import cbuild
+    loop = cbuild.load(cbuild.build(CALLBACK_LOOP)[0]).ca_callback_loop
+    loop.argtypes, loop.restype = [CALLBACK, ctypes.c_int], ctypes.c_int
+    inside = [0.0]
+
+    def body(index, results, done):
+        done[0] = 1
+        return 0
+
+    def timed(*a):        # (as c_function_share's timed callback)
+        start = time.perf_counter()
+        try:
+            return body(*a)
+        finally:
+            inside[0] += time.perf_counter() - start
+    callback = CALLBACK(timed)
+    rounds = []
+    for _ in range(5):
+        inside[0] = 0.0
+        start = time.perf_counter()
+        assert loop(callback, n) == 0
+        rounds.append((time.perf_counter() - start - inside[0]) / n)
+    return statistics.median(rounds)
+
+
 def c_function_share(case, reps):
     """(median whole compiled backward with the call in C, the same with the call
     in Python, median of the generated function alone). The function is timed on
-    the Python call path, where it is a ctypes call that can be wrapped."""
+    the Python call path, where it is a ctypes call that can be wrapped; in a
+    program with callbacks, less the time inside them (their Python: the hooks
+    and the glue) and less their C->Python transitions (``callback_transition``,
+    times the number of callbacks)."""
     import backward
     import compiled_autograd as ca
-    from codegen.c_run import C_CALL, CBackward
+    from codegen.c_run import CALLBACK, C_CALL, CBackward
     make_loss, params = backward._ca_setup(case)
     inner = []
     original = CBackward.__call__
+    transition = callback_transition()
 
     def timed_call(self, *args):
-        fn = self.fn
+        fn, callback = self.fn, self._callback
+        in_callbacks = [0.0, 0]
+        on_callback = self._on_callback
+
+        def timed_callback(*a):
+            in_callbacks[1] += 1
+            start = time.perf_counter()
+            try:
+                return on_callback(*a)
+            finally:
+                in_callbacks[0] += time.perf_counter() - start
 
         def timed_fn(*a):
             start = time.perf_counter()
-            rc = fn(*a)
-            inner.append(time.perf_counter() - start)
+            rc = fn(*a)    # (its last argument: the timed callback)
+            inner.append(time.perf_counter() - start - in_callbacks[0]
+                         - in_callbacks[1] * transition)
             return rc
         self.fn = timed_fn
+        self._callback = CALLBACK(timed_callback)
         try:
             return original(self, *args)
         finally:
-            self.fn = fn
+            self.fn, self._callback = fn, callback
 
     def whole():
         ca.reset_compiled_autograd()
@@ -339,7 +399,7 @@ def main():
     print(f"1 thread; medians of {args.reps}")
     print(f"{'case':<12}{'whole, C call':>15}{'whole, Python call':>20}{'C function':>12}"
           f"{'rest, C call':>14}")
-    for case in ("small_mlp", "chain", "transformer"):
+    for case in ("small_mlp", "chain", "transformer", "custom_fn_python"):
         native, python, inner = c_function_share(case, args.reps if case != "transformer"
                                                  else max(3, args.reps // 10))
         print(f"{case:<12}{_fmt(native):>15}{_fmt(python):>20}{_fmt(inner):>12}"

@@ -9,9 +9,14 @@ over the same backwards:
 - saved: the saved values' arrays read and the values released, one pass
   (``SavedVariable.arrays``; the boxed list owns the arrays from then on);
 - call: the compiled function's call (codegen/c_call.c's Runner: inputs checked,
-  outputs allocated, gradients handed to ``accumulate_into``), without
+  outputs allocated, gradients handed to ``accumulate_into``, callbacks), without
+  the two below:
 - C function: the generated ``ca_backward`` alone (timed separately, as
-  c_breakdown.py does);
+  c_breakdown.py does: on the Python call path, less the time inside its
+  callbacks);
+- backwards: the custom Functions' backwards the C calls back (their
+  ``backward_with``: the user's ``backward`` and its Tensors in and out), a
+  part of the call (the custom-Function MLP; 0 elsewhere);
 - rest: ``backward()``'s and ``compiled_backward``'s own Python around them.
 
     python benchmarks/call_breakdown.py [--reps N]
@@ -34,6 +39,7 @@ import c_breakdown  # noqa: E402
 def breakdown(case, reps):
     import compiled_autograd as ca
     from compiled_autograd.autograd import engine
+    from compiled_autograd.autograd.function import FunctionBackward
     from compiled_autograd.autograd.node import SavedVariable
     from compiled_autograd.compiled import api, cache
     from compiled_autograd.compiled.api import backward_on
@@ -66,6 +72,7 @@ def breakdown(case, reps):
     timed(SavedVariable, "arrays", "saved", static=True)
     (entry,) = [e for family in cache.families.values() for _, _, e in family.entries]
     timed(entry, "fn", "call")
+    timed(FunctionBackward, "backward_with", "backwards")
 
     try:
         whole = backward._median_backward(make_loss, params, reps,
@@ -75,8 +82,12 @@ def breakdown(case, reps):
             setattr(owner, name, real)
     med = {k: statistics.median(v) for k, v in parts.items()}
     key = med["key"]
-    row = dict(whole=whole, root=med["root"], key=key,
-               lookup=med["lookup+key"] - key, saved=med.get("saved", 0.0), call=med["call"])
+    n = len(parts["call"])       # (each backward's custom backwards, summed)
+    per = len(parts.get("backwards", ())) // n
+    backwards = statistics.median(sum(parts["backwards"][i * per:(i + 1) * per])
+                                  for i in range(n)) if per else 0.0
+    row = dict(whole=whole, root=med["root"], key=key, lookup=med["lookup+key"] - key,
+               saved=med.get("saved", 0.0), call=med["call"] - backwards, backwards=backwards)
     return row
 
 
@@ -86,15 +97,16 @@ def main():
     args = parser.parse_args()
     print(f"\"c\" backend, 1 thread; medians of {args.reps} backwards, each after a fresh "
           "forward (untimed)")
-    cols = ("whole", "root", "key", "lookup", "saved", "call", "C function", "rest")
-    print(f"{'case':<11}" + "".join(f"{c:>12}" for c in cols))
-    for case in ("small_mlp", "chain"):
+    cols = ("whole", "root", "key", "lookup", "saved", "call", "backwards", "C function",
+            "rest")
+    print(f"{'case':<17}" + "".join(f"{c:>12}" for c in cols))
+    for case in ("small_mlp", "chain", "custom_fn_python"):
         row = breakdown(case, args.reps)
         function = c_breakdown.c_function_share(case, min(args.reps, 100))[2]
         row["C function"] = function
         row["call"] -= function
         row["rest"] = row["whole"] - sum(row[c] for c in cols[1:-1])
-        print(f"{case:<11}" + "".join(f"{row[c] * 1e6:>10.1f}us" for c in cols))
+        print(f"{case:<17}" + "".join(f"{row[c] * 1e6:>10.1f}us" for c in cols))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ prim's record holds its C expression, the others name their template file):
   exactly when the backward reaches it. The array it returns is used in place and
   released by Python at the next callback after its last use (nothing Python can
   see happens in between). Gradient accumulation is deferred the same way.
+  (The runner, c_call.c, does that work in C; only the hook is Python.)
 
 Every decision is taken on records before the C it affects is rendered, and no C
 is rewritten afterwards: fusion from the lowering records before the walk; a

@@ -1,22 +1,31 @@
-/* The call of a compiled C backward that has no callbacks, in C (see c_run.py).
+/* The call of a compiled C backward in C (see c_run.py); its callback sites
+   are c_sites.c, which follows this file in one translation unit.
 
    Runner(spec) holds what CBackward.build derived from the program; calling it,
-   runner(inputs, sizes, scalars), does what CBackward.__call__'s Python path
-   does, in the same order:
-     1. take each Python object the C needs out of the boxed ``inputs`` list
-        (the list slot becomes None: the call owns the object from here);
+   runner(inputs, sizes, scalars, hooks, packed_data), does what CBackward.__call__'s
+   Python path does, in the same order:
+     1. take each Python object the C needs out of the boxes (an ``inputs``,
+        ``hooks`` or ``packed_data`` slot becomes None: the call owns the object
+        from here; sizes and scalars are read, not taken);
      2. read each input array (a leaf Tensor through its ``_data``), and check it
         has the traced shape and dtype and is C-contiguous; any other value goes
         to the Python ``fix_input`` (which raises, or copies it into the layout
         the C was compiled for);
      3. read the sizes and scalars (if the program reads any: ``reads``), and
-        allocate the arena and the output arrays;
-     4. call ca_backward (without the GIL: the C touches only array memory);
-     5. hand each gradient to the Python ``accumulate`` (node.accumulate_into),
-        in the program's order, so that the .grad rules are written once;
+        allocate the arena, the output arrays and the arena blocks the call
+        starts with (an output or block a callback allocates waits for it);
+     4. call ca_backward (without the GIL: the C touches only array memory). At
+        each callback site (``site_callback``, under the GIL) run the site's ops
+        -- accumulations due before it, arrays past their last use released,
+        arena blocks closed, outputs allocated -- then its hook, one vectorcall
+        with the arguments made here, its results checked (another layout goes
+        to the Python ``fix_result``) and handed to C, then the blocks it opens;
+     5. hand the remaining gradients to the Python ``accumulate``
+        (node.accumulate_into), in the program's order, so that the .grad rules
+        are written once;
      6. return the results.
-   On an error the objects taken stay taken, as on the Python path; an error in
-   the C function comes before any gradient is accumulated. */
+   On an error the objects taken stay taken, as on the Python path; an exception
+   a hook raised is raised once the C function has returned. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -29,35 +38,110 @@
 #include <sys/mman.h>
 #endif
 
+typedef int (*ca_callback)(int site, void **results, int *done);
 typedef int (*backward_fn)(void **in, void **out, char *arena, const int64_t *sizes,
-                           const double *scalars, const int64_t *offsets, void *cb);
+                           const double *scalars, const int64_t *offsets, ca_callback cb);
 
 typedef struct {
     int ndim, type;
     npy_intp dims[NPY_MAXDIMS];
 } Layout;
 
+/* A callback site's work (see CBackward._native_runner): its ops before the hook
+   (deferred accumulations, releases, arena blocks closed, outputs allocated), the
+   hook with its arguments, where its results go, and its ops after (blocks opened). */
+enum { OP_FLUSH, OP_RELEASE_IN, OP_RELEASE_EXT, OP_CLOSE, OP_ALLOC, OP_OPEN };
+enum { ARG_LITERAL, ARG_REF, ARG_WHOLE, ARG_VIEW };
+enum { AT_IN, AT_OUT, AT_EXT, AT_ARENA };
+
+typedef struct {
+    int kind, at, copy;
+    PyObject *literal;        /* borrowed from the Runner's ``sites`` tuple */
+    Py_ssize_t index;         /* ARG_REF: ref slot; else the storage (or block, -1: arena) */
+    Py_ssize_t offset;        /* ARG_VIEW: bytes from the storage's first byte */
+    Layout layout;
+    npy_intp strides[NPY_MAXDIMS];
+} Arg;
+
+typedef struct {
+    Py_ssize_t item, ext;     /* item -1: the value itself, else value[item] */
+    Layout layout;
+    npy_intp strides[NPY_MAXDIMS];   /* the bytes strides the C reads it with */
+} Result;
+
+typedef struct {
+    PyObject *fn;             /* borrowed; NULL: a release site */
+    Py_ssize_t n_pre, n_post, n_args, n_res;
+    int *op;                  /* n_pre ops, then n_post */
+    Py_ssize_t *op_arg;
+    Arg *args;
+    Result *res;
+} Site;
+
 typedef struct {
     PyObject_HEAD
     backward_fn fn;
     Py_ssize_t n_refs, n_in, n_out, n_acc, n_res, arena_bytes;
-    Py_ssize_t *ref_box;      /* per ref slot: its index in the boxed inputs list */
+    Py_ssize_t n_ext, n_blocks, n_sites;
+    Py_ssize_t *ref_box;      /* per ref slot: its box (0 inputs .. 4 packed_data) */
+    Py_ssize_t *ref_index;    /* ... its index in that list */
+    char *ref_take;           /* ... whether the call takes it (the slot becomes None) */
     Py_ssize_t *in_slot;      /* per input of the C: its ref slot */
     char *in_keep;            /* ... whether the object itself is needed later */
     Layout *in_layout, *out_layout;
+    char *out_late;           /* per output: allocated at a callback, not at the start */
     Py_ssize_t *acc_slot, *acc_out;
-    char *acc_owned;
+    char *acc_owned, *acc_drop;
     Py_ssize_t *res_kind, *res_index;     /* kind 0: None, 1: ref slot, 2: output */
+    npy_intp *block_bytes;    /* per arena block (codegen/arena.py) */
+    char *block_at_start;
+    Site *sites;
     int reads_sizes, reads_scalars;       /* (a program without symbols reads neither) */
-    PyObject *errors, *accumulate, *fix_input;
+    PyObject *errors, *accumulate, *fix_input, *fix_result, *site_specs;
 } Runner;
+
+/* One running call: what its callbacks need. The generated code's callback has
+   no context argument: the thread's innermost call is ``current_call`` (a hook
+   that runs another compiled backward nests one inside). */
+typedef struct Call {
+    Runner *r;
+    PyThreadState *tstate;    /* saved while the C runs without the GIL */
+    PyObject **refs, **in, **out, **ext;     /* out: the outputs, then the arena blocks */
+    char *arena;
+    PyObject *sizes;
+    Py_ssize_t flushed;       /* accumulations done */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *error;
+#else
+    PyObject *etype, *evalue, *etb;
+#endif
+    int failed;
+    struct Call *outer;
+} Call;
+
+static _Thread_local Call *current_call;
+
+/* The callback sites' work (c_sites.c, later in this translation unit). */
+static int read_site(Runner *r, PyObject *spec, Site *s);
+static int flush(Call *c, Py_ssize_t upto);
+static PyObject *new_block(npy_intp bytes);
+static int site_callback(int site, void **results, int *done);
+static PyObject *output_array(const Layout *l);
 
 static void runner_free_arrays(Runner *r)
 {
-    PyMem_Free(r->ref_box); PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
-    PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->acc_slot);
-    PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned); PyMem_Free(r->res_kind);
-    PyMem_Free(r->res_index);
+    PyMem_Free(r->ref_box); PyMem_Free(r->ref_index); PyMem_Free(r->ref_take);
+    PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
+    PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->out_late);
+    PyMem_Free(r->acc_slot); PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned);
+    PyMem_Free(r->acc_drop); PyMem_Free(r->res_kind); PyMem_Free(r->res_index);
+    PyMem_Free(r->block_bytes); PyMem_Free(r->block_at_start);
+    if (r->sites != NULL)
+        for (Py_ssize_t k = 0; k < r->n_sites; k++) {
+            PyMem_Free(r->sites[k].op); PyMem_Free(r->sites[k].op_arg);
+            PyMem_Free(r->sites[k].args); PyMem_Free(r->sites[k].res);
+        }
+    PyMem_Free(r->sites);
 }
 
 /* The Python objects a Runner holds: the collector sees them (a fix_input that
@@ -67,6 +151,8 @@ static int runner_traverse(Runner *r, visitproc visit, void *arg)
     Py_VISIT(r->errors);
     Py_VISIT(r->accumulate);
     Py_VISIT(r->fix_input);
+    Py_VISIT(r->fix_result);
+    Py_VISIT(r->site_specs);
     return 0;
 }
 
@@ -75,6 +161,8 @@ static int runner_clear(Runner *r)
     Py_CLEAR(r->errors);
     Py_CLEAR(r->accumulate);
     Py_CLEAR(r->fix_input);
+    Py_CLEAR(r->fix_result);
+    Py_CLEAR(r->site_specs);
     return 0;
 }
 
@@ -116,40 +204,57 @@ static int read_layout(PyObject *item, Layout *out)
 static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"fn", "refs", "inputs", "outputs", "accumulations", "results",
-                            "arena_bytes", "errors", "accumulate", "fix_input", "reads", NULL};
+                            "arena_bytes", "errors", "accumulate", "fix_input", "reads",
+                            "late", "blocks", "n_ext", "sites", "fix_result", NULL};
     unsigned long long fn;
     PyObject *refs, *inputs, *outputs, *accs, *results, *errors, *accumulate, *fix_input;
+    PyObject *late = NULL, *blocks = NULL, *sites = NULL, *fix_result = Py_None;
     if (r->fn != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner is initialised once");
         return -1;
     }
     r->reads_sizes = r->reads_scalars = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO|(pp)", names, &fn,
+    r->n_ext = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KO!O!O!O!O!nO!OO|(pp)O!O!nO!O", names, &fn,
                                      &PyTuple_Type, &refs, &PyTuple_Type, &inputs,
                                      &PyTuple_Type, &outputs, &PyTuple_Type, &accs,
                                      &PyTuple_Type, &results, &r->arena_bytes,
                                      &PyTuple_Type, &errors, &accumulate, &fix_input,
-                                     &r->reads_sizes, &r->reads_scalars))
+                                     &r->reads_sizes, &r->reads_scalars, &PyTuple_Type, &late,
+                                     &PyTuple_Type, &blocks, &r->n_ext, &PyTuple_Type, &sites,
+                                     &fix_result))
         return -1;
     r->n_refs = PyTuple_GET_SIZE(refs);
     r->n_in = PyTuple_GET_SIZE(inputs);
     r->n_out = PyTuple_GET_SIZE(outputs);
     r->n_acc = PyTuple_GET_SIZE(accs);
     r->n_res = PyTuple_GET_SIZE(results);
-    if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
+    r->n_blocks = blocks ? PyTuple_GET_SIZE(blocks) : 0;
+    r->n_sites = sites ? PyTuple_GET_SIZE(sites) : 0;
+    if ((late && PyTuple_GET_SIZE(late) != r->n_out) || r->n_ext < 0) {
+        PyErr_SetString(PyExc_ValueError, "Runner: late must say it of every output");
+        goto fail;
+    }
+    if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->ref_index, r->n_refs)
+        || ALLOC(r->ref_take, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
         || ALLOC(r->in_layout, r->n_in) || ALLOC(r->out_layout, r->n_out)
-        || ALLOC(r->acc_slot, r->n_acc) || ALLOC(r->acc_out, r->n_acc)
-        || ALLOC(r->acc_owned, r->n_acc) || ALLOC(r->res_kind, r->n_res)
-        || ALLOC(r->res_index, r->n_res)) {
+        || ALLOC(r->out_late, r->n_out) || ALLOC(r->acc_slot, r->n_acc)
+        || ALLOC(r->acc_out, r->n_acc) || ALLOC(r->acc_owned, r->n_acc)
+        || ALLOC(r->acc_drop, r->n_acc) || ALLOC(r->res_kind, r->n_res)
+        || ALLOC(r->res_index, r->n_res) || ALLOC(r->block_bytes, r->n_blocks)
+        || ALLOC(r->block_at_start, r->n_blocks) || ALLOC(r->sites, r->n_sites)) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t k = 0; k < r->n_refs; k++)
-        if ((r->ref_box[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(refs, k))) < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "Runner: a negative box index");
+    for (Py_ssize_t k = 0; k < r->n_refs; k++) {
+        int take;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(refs, k), "nnp", &r->ref_box[k], &r->ref_index[k],
+                              &take))
             goto fail;
-        }
+        r->ref_take[k] = (char)take;
+        if (r->ref_box[k] < 0 || r->ref_box[k] > 4 || r->ref_index[k] < 0)
+            goto range;
+    }
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
         PyObject *layout;
         int keep;
@@ -158,20 +263,32 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
             goto fail;
         r->in_keep[j] = (char)keep;
     }
-    for (Py_ssize_t j = 0; j < r->n_out; j++)
+    for (Py_ssize_t j = 0; j < r->n_out; j++) {
         if (read_layout(PyTuple_GET_ITEM(outputs, j), &r->out_layout[j]) < 0)
             goto fail;
+        if (late && (r->out_late[j] = (char)PyObject_IsTrue(PyTuple_GET_ITEM(late, j))) < 0)
+            goto fail;
+    }
     for (Py_ssize_t k = 0; k < r->n_acc; k++) {
-        int owned;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(accs, k), "nnp", &r->acc_slot[k], &r->acc_out[k],
-                              &owned))
+        int owned, drop = 0;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(accs, k), "nnp|p", &r->acc_slot[k], &r->acc_out[k],
+                              &owned, &drop))
             goto fail;
         r->acc_owned[k] = (char)owned;
+        r->acc_drop[k] = (char)drop;
     }
     for (Py_ssize_t k = 0; k < r->n_res; k++)
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(results, k), "nn", &r->res_kind[k],
                               &r->res_index[k]))
             goto fail;
+    for (Py_ssize_t k = 0; k < r->n_blocks; k++) {
+        int at_start;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(blocks, k), "np", &r->block_bytes[k], &at_start))
+            goto fail;
+        r->block_at_start[k] = (char)at_start;
+        if (r->block_bytes[k] < 0)
+            goto range;
+    }
     /* Every index in range, so that a call never reads outside its arrays. */
     for (Py_ssize_t j = 0; j < r->n_in; j++)
         if (r->in_slot[j] < 0 || r->in_slot[j] >= r->n_refs)
@@ -193,10 +310,15 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
             PyErr_SetString(PyExc_TypeError, "Runner: errors must be strings");
             goto fail;
         }
+    for (Py_ssize_t k = 0; k < r->n_sites; k++)
+        if (read_site(r, PyTuple_GET_ITEM(sites, k), &r->sites[k]) < 0)
+            goto fail;
     r->fn = (backward_fn)(uintptr_t)fn;
     r->errors = Py_NewRef(errors);
     r->accumulate = Py_NewRef(accumulate);
     r->fix_input = Py_NewRef(fix_input);
+    r->fix_result = Py_NewRef(fix_result);
+    r->site_specs = sites ? Py_NewRef(sites) : NULL;   /* (holds the sites' objects) */
     return 0;
 range:
     PyErr_SetString(PyExc_ValueError, "Runner: an index out of range");
@@ -394,32 +516,38 @@ static int read_numbers(PyObject *list, int as_double, void **out)
 
 static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
 {
-    PyObject *inputs, *sizes, *scalars;
-    static char *names[] = {"inputs", "sizes", "scalars", NULL};
+    PyObject *boxes[5] = {NULL, NULL, NULL, NULL, NULL};
+    static char *names[] = {"inputs", "sizes", "scalars", "hooks", "packed_data", NULL};
     if (r->fn == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner: not initialised");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!", names, &PyList_Type, &inputs,
-                                     &PyList_Type, &sizes, &PyList_Type, &scalars))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|O!O!", names, &PyList_Type, &boxes[0],
+                                     &PyList_Type, &boxes[1], &PyList_Type, &boxes[2],
+                                     &PyList_Type, &boxes[3], &PyList_Type, &boxes[4]))
         return NULL;
+    PyObject *sizes = boxes[1], *scalars = boxes[2];
     PyObject *result = NULL;
-    PyObject **refs = PyMem_Calloc((size_t)(r->n_refs + r->n_in + r->n_out) + 1,
-                                   sizeof(PyObject *));
+    Py_ssize_t n_objs = r->n_refs + r->n_in + r->n_out + r->n_blocks + r->n_ext;
+    PyObject **refs = PyMem_Calloc((size_t)n_objs + 1, sizeof(PyObject *));
     void *size_arr = NULL, *scalar_arr = NULL;
     char *arena = NULL;
     if (refs == NULL)
         return PyErr_NoMemory();
-    PyObject **in = refs + r->n_refs, **out = in + r->n_in;
-    Py_ssize_t n_box = PyList_GET_SIZE(inputs);
+    PyObject **in = refs + r->n_refs, **out = in + r->n_in, **ext = out + r->n_out + r->n_blocks;
     for (Py_ssize_t k = 0; k < r->n_refs; k++) {
-        Py_ssize_t i = r->ref_box[k];
-        if (i >= n_box) {
+        PyObject *box = boxes[r->ref_box[k]];
+        Py_ssize_t i = r->ref_index[k];
+        if (box == NULL || i >= PyList_GET_SIZE(box)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");  /* as list[i] */
             goto done;
         }
-        refs[k] = PyList_GET_ITEM(inputs, i);          /* the list's reference, now ours */
-        PyList_SET_ITEM(inputs, i, Py_NewRef(Py_None));
+        if (r->ref_take[k]) {
+            refs[k] = PyList_GET_ITEM(box, i);          /* the list's reference, now ours */
+            PyList_SET_ITEM(box, i, Py_NewRef(Py_None));
+        } else {
+            refs[k] = Py_NewRef(PyList_GET_ITEM(box, i));
+        }
     }
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
         Py_ssize_t slot = r->in_slot[j];
@@ -438,13 +566,28 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     }
     for (Py_ssize_t j = 0; j < r->n_out; j++) {
         Layout *l = &r->out_layout[j];
-        if ((out[j] = output_array(l)) == NULL)
+        if (!r->out_late[j] && (out[j] = output_array(l)) == NULL)
             goto done;
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = r->fn((void **)in, (void **)out, arena, size_arr, scalar_arr, NULL, NULL);
-    Py_END_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < r->n_blocks; k++)
+        if (r->block_at_start[k] && (out[r->n_out + k] = new_block(r->block_bytes[k])) == NULL)
+            goto done;
+    Call c = {.r = r, .refs = refs, .in = in, .out = out, .ext = ext, .arena = arena,
+              .sizes = sizes, .outer = current_call};
+    current_call = &c;
+    c.tstate = PyEval_SaveThread();
+    int rc = r->fn((void **)in, (void **)out, arena, size_arr, scalar_arr, NULL,
+                   r->n_sites ? site_callback : NULL);
+    PyEval_RestoreThread(c.tstate);
+    current_call = c.outer;
+    if (c.failed) {              /* a callback's exception, as the Python path raises it */
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(c.error);
+#else
+        PyErr_Restore(c.etype, c.evalue, c.etb);
+#endif
+        goto done;
+    }
     if (rc != 0) {
         Py_ssize_t e = -(Py_ssize_t)rc - 1;
         if (rc > 0 || e >= PyTuple_GET_SIZE(r->errors))
@@ -454,19 +597,8 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
                          PyTuple_GET_ITEM(r->errors, e));
         goto done;
     }
-    for (Py_ssize_t k = 0; k < r->n_acc; k++) {
-        PyObject *variable = refs[r->acc_slot[k]];
-        if (variable == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "Runner: an accumulation's variable was dropped");
-            goto done;
-        }
-        PyObject *call_args[3] = {variable, out[r->acc_out[k]],
-                                  r->acc_owned[k] ? Py_True : Py_False};
-        PyObject *none = PyObject_Vectorcall(r->accumulate, call_args, 3, NULL);
-        if (none == NULL)
-            goto done;
-        Py_DECREF(none);
-    }
+    if (flush(&c, r->n_acc) < 0)
+        goto done;
     if ((result = PyTuple_New(r->n_res)) == NULL)
         goto done;
     for (Py_ssize_t k = 0; k < r->n_res; k++) {
@@ -475,7 +607,7 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
         PyTuple_SET_ITEM(result, k, Py_NewRef(v != NULL ? v : Py_None));
     }
 done:
-    for (Py_ssize_t k = 0; k < r->n_refs + r->n_in + r->n_out; k++)
+    for (Py_ssize_t k = 0; k < n_objs; k++)
         Py_XDECREF(refs[k]);
     PyMem_Free(refs);
     PyMem_Free(size_arr);

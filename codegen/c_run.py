@@ -10,13 +10,19 @@ blocks and arrays whose last use has passed, gradient accumulations that come
 before the site -- then runs the hook, hands C a pointer to each array it
 returned, and allocates the arena blocks opened there (codegen/arena.py).
 
-A program without callbacks (no hooks, nothing released early), with a static
-memory plan and whole output arrays as its gradients -- the common case -- is
-called in C instead: ``c_call.c``'s Runner does the same steps, in the same
-order, without the Python glue (benchmarks/c_breakdown.py times both calls).
-It is built once per machine like the cache hit's walk (``runtime.extension``);
-without a compiler for it, with ``CA_C_CALL=0``, or while ``ca.memory.profile()``
-records, the Python code below runs.
+A program with a static memory plan and whole output arrays as its gradients --
+the common case, callbacks or not -- is called in C instead: ``c_call.c``'s
+Runner does the same steps, in the same order, without the Python glue
+(benchmarks/c_breakdown.py times both calls). Its callback sites run in C too:
+``_site_specs`` turns each site's work into ops the Runner interprets (folded
+releases, accumulations, arena blocks, late outputs), and the hook is one
+vectorcall of ``CALL_HOOK[kind]`` with its arguments made in C (an arena value
+copied out, as here) and its results checked in C (a result in another layout
+goes through ``_checked``, which raises or copies, as here). The Runner is built
+once per machine like the cache hit's walk (``runtime.extension``); without a
+compiler for it, with ``CA_C_CALL=0``, while ``ca.memory.profile()`` records, or
+for a program whose layouts depend on sizes (``dynamic=True``), the Python code
+below runs.
 
 If the build fails, ``compile_graph`` raises the build error, or, with
 ``CA_C_FALLBACK=python`` in the environment, warns and returns the Python backend.
@@ -43,7 +49,8 @@ from compiled_autograd.ir.symbolic import resolve
 from runtime import cbuild, cthreads, memory
 from runtime.extension import Extension
 
-C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),), "the C call",
+C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),
+                               Path(__file__).with_name("c_sites.c")), "the C call",
                    "CA_C_CALL", numpy_headers=True)
 
 
@@ -166,12 +173,11 @@ class CBackward:
 
     def _native_runner(self, fn):
         """The C call of this program (c_call.c's Runner), or None where the
-        Python path is needed: callbacks, a plan that depends on sizes, a Python
-        object from another box than ``inputs``, or a gradient or result that is
-        not a whole output array."""
+        Python path is needed: a plan that depends on sizes, a gradient or result
+        that is not a whole output array, or a callback argument or result whose
+        layout depends on sizes."""
         prog = self.prog
-        if (prog.sites or prog.plan is None or not all(self._whole)
-                or any(box != "inputs" for box, _ in prog.pyrefs.values())
+        if (prog.plan is None or not all(self._whole)
                 or any(v.storage.kind != "out" for _, _, v in prog.accumulations)
                 or any(spec[3] is None for spec in self._input_specs)
                 or any(shape is None for shape in self._out_shapes)):
@@ -187,6 +193,9 @@ class CBackward:
                 results.append((2, out[1].storage.index))
             else:
                 return None
+        sites = _site_specs(prog, slot) if prog.sites else ()
+        if sites is None:
+            return None
         module = C_CALL.module()
         if module is None:
             return None
@@ -194,23 +203,38 @@ class CBackward:
         outputs = [None] * len(prog.out_storages)
         for s in prog.out_storages:
             outputs[s.index] = (self._out_shapes[s.index], np.dtype(s.dtype).num)
+        late = {s for site in prog.sites for s in site.alloc}
+        plan, start = prog.plan, set(self._blocks_at_start)
+        if prog.sites:
+            arena_bytes = (plan.block_sizes[prog.call_block] if prog.call_block is not None
+                           else 0)
+            blocks = tuple((plan.block_sizes[k], k in start) for k in range(len(prog.windows)))
+        else:
+            arena_bytes, blocks = plan.size, ()
         specs, checked = self._input_specs, self._checked
 
         def fix_input(j, arr, sizes):      # a value that is not the traced array: check it
             i, _, _, _, _, val = specs[j]   # (not through self: the runner is self's)
             return checked(arr, val, sizes, f"input {i}")
+
+        def fix_result(index, j, arr, sizes):   # a hook's result the C cannot read as is
+            site = prog.sites[index]
+            return checked(arr, site.results[j][1], sizes, f"{site.kind} '{site.node.name}'")
         return module.Runner(
             fn=ctypes.cast(fn, ctypes.c_void_p).value,
-            refs=tuple(i for box, i in prog.pyrefs.values()),
+            refs=tuple((_BOXES.index(box), i, box not in ("sizes", "scalars"))
+                       for box, i in prog.pyrefs.values()),
             inputs=tuple((slot[node], node not in array_only, (shape, np.dtype(dtype).num))
                          for _, node, _, shape, dtype, _ in specs),
             outputs=tuple(outputs),
-            accumulations=tuple((slot[variable], v.storage.index, owned)
-                                for (_, variable, v), owned in zip(prog.accumulations,
-                                                                   self._owned)),
-            results=tuple(results), arena_bytes=prog.plan.size, errors=tuple(prog.errors),
+            accumulations=tuple((slot[variable], v.storage.index, owned, drop)
+                                for (_, variable, v), owned, drop in zip(
+                                    prog.accumulations, self._owned, self._drop_after)),
+            results=tuple(results), arena_bytes=arena_bytes, errors=tuple(prog.errors),
             reads=(prog.reads_sizes, prog.reads_scalars),
-            accumulate=accumulate_into, fix_input=fix_input)
+            accumulate=accumulate_into, fix_input=fix_input,
+            late=tuple(s in late for s in sorted(prog.out_storages, key=lambda s: s.index)),
+            blocks=blocks, n_ext=len(prog.ext_storages), sites=sites, fix_result=fix_result)
 
     # ------------------------------------------------------------ values
 
@@ -375,7 +399,9 @@ class CBackward:
     def __call__(self, inputs, sizes, scalars, hooks, packed_data):
         if self._runner is not None and not memory.active():
             return self._runner(inputs, sizes if type(sizes) is list else list(sizes),
-                                scalars if type(scalars) is list else list(scalars))
+                                scalars if type(scalars) is list else list(scalars),
+                                hooks if type(hooks) is list else list(hooks),
+                                packed_data if type(packed_data) is list else list(packed_data))
         prog = self.prog
         boxes = {"inputs": inputs, "sizes": sizes, "scalars": scalars, "hooks": hooks,
                  "packed_data": packed_data}
@@ -438,6 +464,89 @@ class CBackward:
             else:
                 results.append(self._resolve(frame, out[1], False))
         return tuple(results)
+
+
+_BOXES = ("inputs", "sizes", "scalars", "hooks", "packed_data")
+# The Runner's callback work (c_call.c: OP_*, ARG_*, AT_*), as _on_callback does it
+_FLUSH, _RELEASE_IN, _RELEASE_EXT, _CLOSE, _ALLOC, _OPEN = range(6)
+_LITERAL, _REF, _WHOLE, _VIEW = range(4)
+_AT = {"in": 0, "out": 1, "ext": 2, "arena": 3}
+
+
+def _site_specs(prog, slot):
+    """Each callback site's work for the Runner, in _on_callback's order: the
+    folded releases (their accumulations, their arrays), the blocks closed,
+    outputs allocated, accumulations before it, arrays released; the hook, its
+    arguments and where its results go; the blocks opened. None if some layout
+    depends on sizes (the Python path runs it)."""
+    steps = [step for step, _, _ in prog.accumulations]
+    in_index = {storage: j for j, (_, storage) in enumerate(prog.inputs)}
+
+    def flush(step):      # the accumulations before ``step``: their number
+        return (_FLUSH, sum(1 for s in steps if s < step))
+
+    def released(storages):
+        return [(_RELEASE_IN, in_index[s]) if s.kind == "in" else (_RELEASE_EXT, s.index)
+                for s in storages]
+
+    def static(*values):
+        return all(isinstance(v, int) for value in values for v in value)
+
+    def layout(v):
+        return (tuple(v.shape), np.dtype(v.dtype).num)
+
+    specs = []
+    for site in prog.sites:
+        pre = []
+        for early in site.early:
+            pre += [flush(early.step)] + released(early.release)
+        pre += [(_CLOSE, k) for k in site.close_blocks]
+        pre += [(_ALLOC, s.index) for s in site.alloc]
+        pre += [flush(site.step)] + released(site.release)
+        post = tuple((_OPEN, k) for k in site.open_blocks)
+        if site.kind == "release":
+            specs.append((None, tuple(pre), post, (), ()))
+            continue
+        args = []
+        for kind, a in site.args:
+            if kind == "lit":
+                args.append((_LITERAL, a))
+            elif kind == "py":
+                if a not in slot:
+                    return None
+                args.append((_REF, slot[a]))
+            else:
+                s = a.storage
+                if not static(a.shape, a.strides, (a.offset,)):
+                    return None
+                if _whole(a):
+                    args.append((_WHOLE, _AT[s.kind], in_index[s] if s.kind == "in" else s.index))
+                    continue
+                size = a.dtype.itemsize
+                offset, index = a.offset * size, s.index
+                if s.kind == "arena":
+                    i = prog.arena_index[s]
+                    index = prog.block_of[i]
+                    offset += prog.plan.offsets[i]
+                    if index == prog.call_block:
+                        index = -1
+                elif s.kind == "in":
+                    index = in_index[s]
+                args.append((_VIEW, _AT[s.kind], index, offset, layout(a),
+                             tuple(st * size for st in a.strides), s.kind == "arena"))
+        if site.kind == "unpack_hook":       # (eager's message for a wrong shape)
+            shape = tuple(site.node.meta["shape"])
+            if not static(shape):
+                return None
+            args.append((_LITERAL, shape))
+        results = []
+        for i, v in site.results:
+            if not static(v.shape, v.storage.strides):
+                return None
+            results.append((-1 if i is None else i, v.storage.index, layout(v),
+                            tuple(st * v.dtype.itemsize for st in v.storage.strides)))
+        specs.append((CALL_HOOK[site.kind], tuple(pre), post, tuple(args), tuple(results)))
+    return tuple(specs)
 
 
 def _whole(v) -> bool:

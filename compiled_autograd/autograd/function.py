@@ -193,10 +193,14 @@ class FunctionBackward(Node):
         ``saved`` (one per ``save_for_backward`` argument, None where it was None)
         and the incoming gradients. Returns the gradient arrays, checked as
         eager checks them (``validate``)."""
-        self._swapped = tuple(None if a is None else self._saved_tensor(sv, a)
-                              for sv, a in zip(self._saved, saved))
+        self._swapped = tuple([None if a is None else self._saved_tensor(sv, a)
+                               for sv, a in zip(self._saved, saved)])
+        make = Tensor._make
+        # (an array for every gradient, the common case: none to materialize)
+        grads_in = ([make(g) for g in grads] if all(type(g) is np.ndarray for g in grads)
+                    else self._grads_in(grads))
         try:
-            result = self._forward_cls.backward(self, *self._grads_in(grads))
+            result = self._forward_cls.backward(self, *grads_in)
         finally:
             self._swapped = None
         return tuple(validate(self, self._grads_out(result, keep_tensors=False)))
