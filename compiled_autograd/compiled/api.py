@@ -203,12 +203,17 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     del values
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
-    if not calls_python and not _memory.active():
-        out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
-                              collected.scalars, collected.hooks, collected.packed_data)
-    else:
-        out = engine.run_task(task, False, _call_learning, task, entry, calls_python, inputs,
-                              collected)
+    try:
+        if not calls_python and not _memory.active():
+            out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
+                                  collected.scalars, collected.hooks, collected.packed_data)
+        else:
+            out = engine.run_task(task, False, _call_learning, task, entry, calls_python,
+                                  inputs, collected)
+    finally:
+        # (also after a failure: its stores may have run)
+        for effect in collected.after_run:
+            effect()
     return list(out) if out is not None else []
 
 

@@ -49,6 +49,11 @@ class CompiledNodeArgs:
         self.sizes: list = []            # every collected size, flat
         self.scalars: list = []          # lifted Python floats
         self.release_nodes: list = []    # running nodes that are not prim nodes
+        self.traced_hooks: set = set()   # ids of hooks traced into the graph (see collect_hook)
+        # What traced hooks do besides their graph, run once the compiled backward
+        # has run (a parameter's version bump): never at collection, which a
+        # backward may repeat, or follow by running eagerly instead.
+        self.after_run: list = []
         # ``record``: also note where each owner's values sit, for the tracer. A
         # cache hit needs only the key and the values, so it collects without.
         self.record = record
@@ -209,8 +214,28 @@ class CompiledNodeArgs:
             self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
-    def collect_hook(self, kind, nr, hook) -> None:
-        """A user hook: its kind and position are the key; the callable is an input."""
+    def collect_scalar(self, owner, value) -> None:
+        """A Python float lifted into the runtime ``scalars`` (a traced hook's
+        learning rate): a new value is not a new graph; ``owner`` finds it again."""
+        if self.record:
+            self.scalar_pos[owner] = len(self.scalars)
+        self.scalars.append(float(value))
+
+    def collect_hook(self, kind, nr, hook, variable=None) -> None:
+        """A user hook: its kind and position are the key; the callable is an input.
+
+        A post-accumulate-grad hook that is *traceable* (it has ``compiled_args``
+        and ``apply_with_saved``, as a node has: ``ca.optim.in_backward``'s update)
+        is asked first: ``hook.compiled_args(args, variable)`` collects what its
+        graph depends on and returns True, and the tracer then records its
+        ``apply_with_saved`` (prims and ``store`` nodes) in place of a call; or it
+        returns False (collecting nothing), and it is called as Python."""
+        if kind == "post_acc_grad_hook" and hasattr(hook, "apply_with_saved"):
+            mark = len(self.key)
+            if hook.compiled_args(self, variable):
+                self.key.insert(mark, ("traced_hook", kind, nr))
+                self.traced_hooks.add(id(hook))
+                return
         self.key.append(("hook", kind, nr))
         if self.record:
             self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
@@ -230,7 +255,8 @@ class CompiledNodeArgs:
     def clear(self) -> None:
         """Let go of the runtime values (a backward that will not use them)."""
         for values in (self.saved, self.plain, self.inputs, self.hooks, self.packed_data,
-                       self.release_nodes, self.recipe_objects, self.recipes, self.kept):
+                       self.release_nodes, self.recipe_objects, self.recipes, self.kept,
+                       self.after_run):
             values.clear()
 
     def freeze(self) -> "Key":
@@ -517,7 +543,7 @@ def collect_node(args, fn, edges, runs=True):
     if _hooks.has_hooks(fn):
         for kind, nr, h in node_hooks(fn):
             if runs or kind == "tensor_pre_hook":
-                args.collect_hook(kind, nr, h)
+                args.collect_hook(kind, nr, h, _hooks.leaf_of(fn))
     if runs:
         fn.compiled_args(args)
         if engine.needs_validation(fn):

@@ -1,6 +1,10 @@
 """Graph passes run after tracing (each one linear in the graph's size).
 
-- ``eliminate_dead_code``: drop pure nodes nobody uses; hooks (side effects) stay.
+- ``eliminate_dead_code``: drop pure nodes nobody uses; hooks and stores (side
+  effects) stay.
+- ``in_place_writes``: which nodes a backend may compute straight into the array
+  a ``store`` writes (no pass over the graph: a decision the Python backend and the
+  memory schedule share).
 - ``place_reads``: move each read of a boxed value (``getitem``) and each
   ``unpack_hook`` call to just before its first user -- progressive unpacking: a
   checkpointed segment is recomputed, an offloaded value reloaded, only when the
@@ -9,11 +13,14 @@
 """
 from __future__ import annotations
 
+from runtime.prims import PRIMS
+
 
 def eliminate_dead_code(graph) -> int:
     dead = set()
     for node in reversed(graph.nodes):
-        if node.op == "call_function" and all(u in dead for u in node.users):
+        if node.op == "call_function" and node.target != "store" and \
+                all(u in dead for u in node.users):
             dead.add(node)
     for node in dead:
         for inp in node.all_input_nodes:
@@ -56,3 +63,46 @@ def place_reads(graph, unpack="progressive") -> None:
         if n not in placed and (n not in movable or not n.users):
             place(n)
     graph.nodes = order
+
+
+def _static_meta(node):
+    shape = node.meta.get("shape")
+    if shape is None or not all(type(d) is int for d in shape):
+        return None
+    return tuple(shape), node.meta["dtype"]
+
+
+def _writes_in_place(node) -> bool:
+    """A prim that is one numpy ufunc (``Prim.ufunc``), called without params."""
+    if node.op != "call_function" or node.kwargs or "recipe" in node.meta:
+        return False
+    p = PRIMS.get(node.target)
+    return p is not None and p.ufunc is not None
+
+
+def in_place_writes(graph) -> dict:
+    """Node -> the input it may be computed into, for each store ``store(dst, v)``
+    right after ``v`` (``v`` of dst's static shape and dtype, with no other user):
+    ``v`` goes straight into ``dst``, and so does the chain of single-use
+    operations right before it, from where none after reads ``dst`` itself (an
+    elementwise operation may read what it overwrites, element by element). The
+    store itself then has nothing to do: it maps to "stored"."""
+    out = {}
+    nodes = graph.nodes
+    for i, node in enumerate(nodes):
+        if node.op != "call_function" or node.target != "store" or i == 0:
+            continue
+        dst, value = node.args
+        meta = _static_meta(dst)
+        if nodes[i - 1] is not value or not _writes_in_place(value) or \
+                list(value.users) != [node] or meta is None or _static_meta(value) != meta:
+            continue
+        out[value], out[node] = dst, "stored"
+        j, later = i - 2, value
+        while j >= 0 and dst not in later.args:
+            prev = nodes[j]
+            if not _writes_in_place(prev) or list(prev.users) != [later] or \
+                    _static_meta(prev) != meta or prev in out:
+                break
+            out[prev], j, later = dst, j - 1, prev
+    return out

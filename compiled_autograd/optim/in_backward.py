@@ -8,9 +8,23 @@ hook on every parameter runs the optimizer's own update of that parameter
 final, then sets ``.grad`` to None, so each gradient is freed while the backward goes
 on, and the peak holds at most one gradient instead of all of them.
 
-Compiled autograd places these hooks as ``call_hook[post_acc_grad_hook]`` nodes right
-after each parameter's gradient, so the same holds on every backend ("eager",
-"python", "c", a user's compiler).
+Under compiled autograd the update is part of the compiled graph: the hook is
+*traceable* (it has ``compiled_args`` and ``apply_with_saved``, as a node has), so
+the tracer records the optimizer's rule itself right after the parameter's last
+gradient contribution -- its prims, then ``store`` nodes that write the new
+parameter and state into their arrays -- and "python" and "c" run it inline, with
+no call into the optimizer's Python (``optim.traced``). The parameter's and state's
+arrays are the graph's runtime inputs, and every float of the rule (the learning
+rate, betas, Adam's bias corrections for this step) a runtime scalar: a scheduler's
+new learning rate is no recompile. The gradient never becomes ``.grad``.
+
+The update is called as Python instead (a ``call_hook[post_acc_grad_hook]`` node,
+as any hook) where the traced form cannot say the same: on a parameter's first
+update where its state is made then (SGD's momentum buffer, Adam's moments), when
+``.grad`` is not None before the backward (the update then takes the sum), when the
+parameter has other post-accumulate-grad hooks (DDP's all-reduce: the update must
+follow it), or when an array is not C-contiguous and writeable. Each of these is
+part of the cache key.
 
 What the wrapped optimizer does:
 
@@ -29,7 +43,43 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
+from compiled_autograd.optim import traced
 from compiled_autograd.optim.optimizer import Optimizer
+
+
+class UpdateHook:
+    """The post-accumulate-grad hook of one parameter: its update (called as
+    Python by eager autograd, traced by compiled autograd)."""
+
+    __slots__ = ("owner", "__weakref__")
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def __call__(self, param):
+        self.owner._update_hook(param)
+
+    def compiled_args(self, args, param) -> bool:
+        return self.owner._compiled_args(self, args, param)
+
+    def apply_with_saved(self, param, grad, swap) -> None:
+        self.owner._apply_with_saved(self, param, grad, swap)
+
+    def __repr__(self):
+        return f"<update of {type(self.owner.optimizer).__name__}>"
+
+
+def _traceable_array(a, dtype) -> bool:
+    return a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+
+
+def _flags(group) -> dict:
+    """The options of ``group`` a rule may branch on while traced (no floats:
+    those are ``_scalars``, runtime values)."""
+    return {k: v for k, v in group.items()
+            if k != "params" and (v is None or isinstance(v, (bool, str)))}
 
 
 class OptimizerInBackward(Optimizer):
@@ -62,7 +112,57 @@ class OptimizerInBackward(Optimizer):
     def _hook_group(self, index):
         for p in self.param_groups[index]["params"]:
             self._group_of[id(p)] = index
-            self._handles.append(p.register_post_accumulate_grad_hook(self._update_hook))
+            self._handles.append(p.register_post_accumulate_grad_hook(UpdateHook(self)))
+
+    def _compiled_args(self, hook, args, p) -> bool:
+        """Collect the traced update of ``p`` (see the module doc), or say False."""
+        opt = self.optimizer
+        group = self.param_groups[self._group_of[id(p)]]
+        state = opt.state.get(p, {})
+        tensors = [p] + [state[k] for k in sorted(state)]
+        if (p.grad is not None or len(p._post_accumulate_grad_hooks) != 1
+                or not opt._state_ready(state, group)
+                or not all(_traceable_array(t._data, t._data.dtype) for t in tensors)
+                or p._data.dtype.kind != "f"):
+            return False
+        scalars = opt._scalars(group, state)
+        flags = _flags(group)
+        args.collect(("optimizer update", type(opt), tuple(sorted(flags.items(), key=str)),
+                      tuple(sorted(state)), tuple(scalars)))
+        for t in tensors:
+            args.collect_tensor(t)
+        for name, value in scalars.items():
+            args.collect_scalar((id(hook), name), value)
+        # What the update's eager call does besides the arithmetic, done once the
+        # backward ran: the parameter was modified in place (a saved copy of it is
+        # out of date), and the optimizer stepped (a scheduler's order check).
+        args.after_run.append(lambda: self._stepped(p))
+        return True
+
+    def _stepped(self, p):
+        p._version_counter.bump()
+        self._opt_called = True
+
+    def _apply_with_saved(self, hook, p, grad, swap) -> None:
+        """The update of ``p`` from ``grad`` (a graph value) as graph nodes."""
+        opt = self.optimizer
+        group = self.param_groups[self._group_of[id(p)]]
+        state = opt.state.get(p, {})
+        tensors = {"": p, **state}
+
+        def rule(last):
+            buffers = {k: traced.Buffer(swap.lifted(t), swap.lifted(t), last.get(k), swap.store)
+                       for k, t in tensors.items()}
+            scalars = {name: swap.scalar((id(hook), name), value)
+                       for name, value in opt._scalars(group, state).items()}
+            param = buffers.pop("")
+            opt._update(param, grad, buffers, _flags(group), traced.TraceScratch(), scalars,
+                        traced.TRACE)
+            return {"": param.writes, **{k: b.writes for k, b in buffers.items()}}
+        mark = swap.tracer.mark()
+        writes = rule({})               # (counts each array's writes: no store yet)
+        swap.tracer.rewind(mark)
+        rule(writes)                    # (each array stored at its last write)
 
     def _update_hook(self, param):
         """Run when ``param.grad`` is final: update ``param``, free its gradient."""
