@@ -22,9 +22,14 @@ The update is called as Python instead (a ``call_hook[post_acc_grad_hook]`` node
 as any hook) where the traced form cannot say the same: on a parameter's first
 update where its state is made then (SGD's momentum buffer, Adam's moments), when
 ``.grad`` is not None before the backward (the update then takes the sum), when the
-parameter has other post-accumulate-grad hooks (DDP's all-reduce: the update must
-follow it), or when an array is not C-contiguous and writeable. Each of these is
-part of the cache key.
+parameter has other post-accumulate-grad hooks, or when an array is not C-contiguous
+and writeable. Each of these is part of the cache key.
+
+Under ``DistributedDataParallel`` the update of a parameter waits for its bucket's
+all-reduce: its hook hands the update to DDP's reducer (``GradReady.after_reduce``),
+which runs it with the averaged gradient right after that bucket's wait, before it
+waits for the next bucket (so later buckets' transfers overlap earlier buckets'
+updates). That update is Python (called from DDP's ``wait_buckets`` hook node).
 
 What the wrapped optimizer does:
 
@@ -59,6 +64,12 @@ class UpdateHook:
         self.owner = owner
 
     def __call__(self, param):
+        # A parameter DistributedDataParallel averages is updated once its
+        # bucket's all-reduce is done (the reducer calls back), not before.
+        for hook in tuple(param._post_accumulate_grad_hooks.values()):
+            defer = getattr(hook, "after_reduce", None)
+            if defer is not None and defer(self.owner._update_hook):
+                return
         self.owner._update_hook(param)
 
     def compiled_args(self, args, param) -> bool:
