@@ -81,14 +81,41 @@ def _writes_in_place(node) -> bool:
 
 
 def in_place_writes(graph) -> dict:
-    """Node -> the input it may be computed into, for each store ``store(dst, v)``
-    right after ``v`` (``v`` of dst's static shape and dtype, with no other user):
-    ``v`` goes straight into ``dst``, and so does the chain of single-use
-    operations right before it, from where none after reads ``dst`` itself (an
-    elementwise operation may read what it overwrites, element by element). The
-    store itself then has nothing to do: it maps to "stored"."""
+    """Node -> the value it may be computed into (its ``out=``), for what a store
+    writes (an optimizer's update traced into the backward; a graph without stores
+    gets nothing here):
+
+    - for each store ``store(dst, v)`` right after ``v`` (``v`` of dst's static
+      shape and dtype, with no other user): ``v`` goes straight into ``dst``, and so
+      does the chain of single-use operations right before it, from where none
+      after reads ``dst`` itself (an elementwise operation may read what it
+      overwrites, element by element); the store itself then has nothing to do: it
+      maps to "stored";
+    - another operation whose value only flows into stores writes over an operand
+      of its own static shape and dtype that dies there: a fresh array that no view
+      shares and nothing else holds (a gradient scaled by the learning rate)."""
     out = {}
     nodes = graph.nodes
+    if not any(n.op == "call_function" and n.target == "store" for n in nodes):
+        return out
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last_use[a] = i
+    feeds = set()      # nodes whose value flows only into stores
+    for n in reversed(nodes):
+        if n.users and all((u.op == "call_function" and u.target == "store") or u in feeds
+                           for u in n.users):
+            feeds.add(n)
+    for i, node in enumerate(nodes):
+        if node not in feeds or not _writes_in_place(node):
+            continue
+        meta = _static_meta(node)
+        for a in node.args:
+            if hasattr(a, "op") and last_use.get(a) == i and _owned(a) and \
+                    _static_meta(a) == meta:
+                out[node] = a
+                break
     for i, node in enumerate(nodes):
         if node.op != "call_function" or node.target != "store" or i == 0:
             continue
@@ -102,7 +129,15 @@ def in_place_writes(graph) -> dict:
         while j >= 0 and dst not in later.args:
             prev = nodes[j]
             if not _writes_in_place(prev) or list(prev.users) != [later] or \
-                    _static_meta(prev) != meta or prev in out:
+                    _static_meta(prev) != meta:
                 break
             out[prev], j, later = dst, j - 1, prev
     return out
+
+
+def _owned(value) -> bool:
+    """A fresh array only the graph holds, which no view shares: a non-view prim's
+    result whose users are all non-view prims (not a hook, a store or the output)."""
+    def plain(n):
+        return n.op == "call_function" and n.target in PRIMS and not PRIMS[n.target].view
+    return plain(value) and "recipe" not in value.meta and all(plain(u) for u in value.users)
