@@ -54,6 +54,7 @@ class CompiledNodeArgs:
         # has run (a parameter's version bump): never at collection, which a
         # backward may repeat, or follow by running eagerly instead.
         self.after_run: list = []
+        self.memo: dict = {}             # what a traced hook computes once per backward
         # ``record``: also note where each owner's values sit, for the tracer. A
         # cache hit needs only the key and the values, so it collects without.
         self.record = record
@@ -63,6 +64,7 @@ class CompiledNodeArgs:
         self.size_pos: dict = {}
         self.param_pos: dict = {}
         self.scalar_pos: dict = {}
+        self.shared_scalars: dict = {}   # owner -> position (collect_scalar)
         self.recipes: dict = {}          # id(Recipe) -> its number in this backward
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
@@ -214,12 +216,36 @@ class CompiledNodeArgs:
             self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
-    def collect_scalar(self, owner, value) -> None:
+    def collect_tensors(self, tensors) -> None:
+        """Tensors whose arrays are runtime inputs (a traced hook's parameter and
+        state), as ``collect_tensor`` collects each, in one key item."""
+        record, sizes, inputs = self.record, self.sizes, self.inputs
+        items = []
+        for tensor in tensors:
+            data = tensor._data
+            shape = data.shape
+            if record:
+                where = ("tensor", id(tensor))
+                self.size_pos[where] = len(sizes)
+                self.slot[where] = ("inputs", len(inputs))
+            sizes.extend(shape)
+            inputs.append(data)
+            items.append((data.dtype, len(shape)))
+        self.key.append(("tensors", tuple(items)))
+
+    def collect_scalar(self, owner, value) -> int:
         """A Python float lifted into the runtime ``scalars`` (a traced hook's
-        learning rate): a new value is not a new graph; ``owner`` finds it again."""
-        if self.record:
-            self.scalar_pos[owner] = len(self.scalars)
-        self.scalars.append(float(value))
+        learning rate): a new value is not a new graph; ``owner`` finds it again.
+        Returns its position, which an owner collected before in this backward
+        shares (the caller puts the position in the key: a group's learning rate,
+        one scalar for all its parameters)."""
+        pos = self.shared_scalars.get(owner)
+        if pos is None:
+            pos = self.shared_scalars[owner] = len(self.scalars)
+            if self.record:
+                self.scalar_pos[owner] = pos
+            self.scalars.append(float(value))
+        return pos
 
     def collect_hook(self, kind, nr, hook, variable=None) -> None:
         """A user hook: its kind and position are the key; the callable is an input.
@@ -231,9 +257,8 @@ class CompiledNodeArgs:
         ``apply_with_saved`` (prims and ``store`` nodes) in place of a call; or it
         returns False (collecting nothing), and it is called as Python."""
         if kind == "post_acc_grad_hook" and hasattr(hook, "apply_with_saved"):
-            mark = len(self.key)
             if hook.compiled_args(self, variable):
-                self.key.insert(mark, ("traced_hook", kind, nr))
+                self.key.append(("traced_hook", kind, nr))
                 self.traced_hooks.add(id(hook))
                 return
         self.key.append(("hook", kind, nr))

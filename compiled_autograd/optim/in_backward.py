@@ -47,6 +47,7 @@ What the wrapped optimizer does:
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import numpy as np
 
@@ -82,8 +83,9 @@ class UpdateHook:
         return f"<update of {type(self.owner.optimizer).__name__}>"
 
 
-def _traceable_array(a, dtype) -> bool:
-    return a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+def _traceable_array(a) -> bool:
+    flags = a.flags
+    return flags.c_contiguous and flags.writeable
 
 
 def _flags(group) -> dict:
@@ -91,6 +93,9 @@ def _flags(group) -> dict:
     those are ``_scalars``, runtime values)."""
     return {k: v for k, v in group.items()
             if k != "params" and (v is None or isinstance(v, (bool, str)))}
+
+
+_NO_STATE: dict = {}
 
 
 class OptimizerInBackward(Optimizer):
@@ -129,29 +134,34 @@ class OptimizerInBackward(Optimizer):
         """Collect the traced update of ``p`` (see the module doc), or say False."""
         opt = self.optimizer
         group = self.param_groups[self._group_of[id(p)]]
-        state = opt.state.get(p, {})
-        tensors = [p] + [state[k] for k in sorted(state)]
+        state = opt.state.get(p, _NO_STATE)
         if (p.grad is not None or len(p._post_accumulate_grad_hooks) != 1
-                or not opt._state_ready(state, group)
-                or not all(_traceable_array(t._data, t._data.dtype) for t in tensors)
-                or p._data.dtype.kind != "f"):
+                or not opt._state_ready(state, group) or p._data.dtype.kind != "f"
+                or not _traceable_array(p._data)
+                or not all(_traceable_array(t._data) for t in state.values())):
             return False
-        scalars = opt._scalars(group, state)
-        flags = _flags(group)
-        args.collect(("optimizer update", type(opt), tuple(sorted(flags.items(), key=str)),
-                      tuple(sorted(state)), tuple(scalars)))
-        for t in tensors:
-            args.collect_tensor(t)
-        for name, value in scalars.items():
-            args.collect_scalar((id(hook), name), value)
-        # What the update's eager call does besides the arithmetic, done once the
-        # backward ran: the parameter was modified in place (a saved copy of it is
-        # out of date), and the optimizer stepped (a scheduler's order check).
-        args.after_run.append(lambda: self._stepped(p))
+        # The floats: one runtime scalar per group, name and value (a group's lr is
+        # one scalar for all its parameters), their positions part of the key.
+        gid = id(group)
+        positions = tuple([args.collect_scalar((gid, name, value), value)
+                           for name, value in opt._scalars(group, state).items()])
+        # (computed once per backward: the group's flags, and the list of the
+        # parameters updated, whose eager calls' other effects run after it)
+        memo = args.memo.get((id(self), gid))
+        if memo is None:
+            memo = args.memo[(id(self), gid)] = (tuple(_flags(group).items()), [])
+            args.after_run.append(partial(self._stepped, memo[1]))
+        args.collect(("optimizer update", type(opt), memo[0], tuple(state), positions))
+        args.collect_tensors((p, *state.values()))
+        memo[1].append(p)
         return True
 
-    def _stepped(self, p):
-        p._version_counter.bump()
+    def _stepped(self, params):
+        """What the updates' eager calls do besides the arithmetic, once the
+        backward ran: each parameter was modified in place (a saved copy of it is
+        out of date), and the optimizer stepped (a scheduler's order check)."""
+        for p in params:
+            p._version_counter.bump()
         self._opt_called = True
 
     def _apply_with_saved(self, hook, p, grad, swap) -> None:
@@ -164,7 +174,7 @@ class OptimizerInBackward(Optimizer):
         def rule(last):
             buffers = {k: traced.Buffer(swap.lifted(t), swap.lifted(t), last.get(k), swap.store)
                        for k, t in tensors.items()}
-            scalars = {name: swap.scalar((id(hook), name), value)
+            scalars = {name: swap.scalar((id(group), name, value), value)
                        for name, value in opt._scalars(group, state).items()}
             param = buffers.pop("")
             opt._update(param, grad, buffers, _flags(group), traced.TraceScratch(), scalars,
