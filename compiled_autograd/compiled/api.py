@@ -311,7 +311,8 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
                              len(input_edges or ()), family.dynamic, family.none_masks)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
-    guards = list(guards) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
+    # (each guard once: a traced update records the same ones for every parameter)
+    guards = list(dict.fromkeys(guards)) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
     if collected.uncacheable_reason is None:
         family.entries.append((static_check(sizes, dynamic), guards, entry))
     elif "verbose" in log_flags():

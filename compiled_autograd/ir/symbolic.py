@@ -29,8 +29,7 @@ class ShapeEnv:
     """Collects the guards of one trace (install with ``with ShapeEnv() as env``)."""
 
     def __init__(self):
-        self.guards: list = []   # (lhs expr, op, rhs expr, result), each once
-        self._seen: set = set()
+        self.guards: list = []   # (lhs expr, op, rhs expr, result)
 
     def __enter__(self):
         self._prev = getattr(_state, "env", None)
@@ -45,10 +44,7 @@ class ShapeEnv:
 def _record(lhs, op, rhs, result):
     env = getattr(_state, "env", None)
     if env is not None:
-        guard = (lhs, op, rhs, result)
-        if guard not in env._seen:
-            env._seen.add(guard)
-            env.guards.append(guard)
+        env.guards.append((lhs, op, rhs, result))
     return result
 
 

@@ -140,17 +140,22 @@ class OptimizerInBackward(Optimizer):
                 or not _traceable_array(p._data)
                 or not all(_traceable_array(t._data) for t in state.values())):
             return False
-        # The floats: one runtime scalar per group, name and value (a group's lr is
-        # one scalar for all its parameters), their positions part of the key.
+        # Once per backward and group: its flags, the list of the parameters
+        # updated (whose eager calls' other effects run after it), and the floats'
+        # positions if they do not depend on the state.
         gid = id(group)
-        positions = tuple([args.collect_scalar((gid, name, value), value)
-                           for name, value in opt._scalars(group, state).items()])
-        # (computed once per backward: the group's flags, and the list of the
-        # parameters updated, whose eager calls' other effects run after it)
         memo = args.memo.get((id(self), gid))
         if memo is None:
-            memo = args.memo[(id(self), gid)] = (tuple(_flags(group).items()), [])
+            memo = args.memo[(id(self), gid)] = [tuple(_flags(group).items()), [], None]
             args.after_run.append(partial(self._stepped, memo[1]))
+        positions = memo[2]
+        if positions is None:
+            # The floats: one runtime scalar per group, name and value (a group's lr
+            # is one scalar for all its parameters), their positions in the key.
+            positions = tuple([args.collect_scalar((gid, name, value), value)
+                               for name, value in opt._scalars(group, state).items()])
+            if not opt._scalars_read_state:
+                memo[2] = positions
         args.collect(("optimizer update", type(opt), memo[0], tuple(state), positions))
         args.collect_tensors((p, *state.values()))
         memo[1].append(p)

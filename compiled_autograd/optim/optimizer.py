@@ -272,6 +272,8 @@ class Optimizer:
         traced update has no first step: it writes arrays that exist)."""
         return bool(state)
 
+    _scalars_read_state = True    # (False: ``_scalars`` reads only the group)
+
     def _scalars(self, group, state) -> dict:
         """The floats this update computes with (``sc`` of ``_update``): every
         option a scheduler may change, and what depends on the step count. The

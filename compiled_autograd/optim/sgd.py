@@ -34,6 +34,8 @@ class SGD(Optimizer):
     def _state_ready(self, state, group):
         return group["momentum"] == 0 or state.get("momentum_buffer") is not None
 
+    _scalars_read_state = False
+
     def _scalars(self, group, state):
         return {"lr": group["lr"], "momentum": group["momentum"],
                 "dampening": group["dampening"], "weight_decay": group["weight_decay"]}
