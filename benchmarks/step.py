@@ -19,13 +19,19 @@ At 1 thread more processes run only eager steps, half of them after a compiled
 backward (three of each, alternating; the median process): the forward in a
 process that never used compiled autograd beside the forward after its first use.
 
+With an optimizer (``--optimizer-cases``, default the small MLP and the
+transformer; SGD with momentum and Adam): the step is ``forward; backward; update``
+-- torch with its ``foreach`` optimizer (``step(); zero_grad()``), ca's eager
+engine and "c" with ``step()``, and "c" and "python" with the update inside the
+compiled backward (``ca.optim.in_backward``), interleaved the same way.
+
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
 and fresh parameters. For the large MLP the step is set beside its floor: the
 "c" backward's GEMM calls alone (``backward.gemm_floor``) plus the forward's
 matmuls alone (numpy, the same shapes), measured in turns with the "c" step.
 
-    python benchmarks/step.py [--reps N] [--cases a,b]
+    python benchmarks/step.py [--reps N] [--cases a,b] [--optimizer-cases a,b]
 """
 from __future__ import annotations
 
@@ -42,6 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 CASES = ("small_mlp", "chain", "large_mlp", "transformer", "custom_fn_python")
 MODES = ("torch", "eager", "python", "c")
+OPT_CASES = ("small_mlp", "transformer")
+OPTIMIZERS = (("SGD", dict(lr=1e-3, momentum=0.9)), ("Adam", dict(lr=1e-4)))
+OPT_MODES = ("torch", "eager+step", "c+step", "c inside", "python inside")
 
 import models  # noqa: E402
 from models import SIZES, count_nodes, model, wrap  # noqa: E402
@@ -103,6 +112,51 @@ def measure_case(case, reps, modes):
     return out
 
 
+def _optimizer_runner(mode, case, name, options):
+    """step(): one training step with the update (seconds)."""
+    if mode == "torch":
+        import torch as lib
+        backward = lambda loss: loss.backward()  # noqa: E731
+        make = lambda params: getattr(torch.optim, name)(params, foreach=True,  # noqa: E731
+                                                            **options)
+        import torch
+    else:
+        import compiled_autograd as lib
+        from compiled_autograd.compiled.api import backward_on
+        backend = mode.split("+")[0].split()[0]
+        backward = lambda loss: backward_on(loss, None if backend == "eager" else backend)  # noqa: E731
+        make = lambda params: getattr(lib.optim, name)(params, **options)  # noqa: E731
+    arrays, inputs = models.arrays(case)
+    loss_of = model(lib, case, inputs)
+    P = wrap(lib, arrays)
+    opt = make(list(P.values()))
+    if mode.endswith("inside"):
+        opt = lib.optim.in_backward(opt)
+
+    def step():
+        start = time.perf_counter()
+        backward(loss_of(P))
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - start
+    return step
+
+
+def measure_optimizers(case, reps, modes):
+    """Medians of a step with each optimizer per mode, the modes interleaved."""
+    out = {}
+    for name, options in OPTIMIZERS:
+        runners = {m: _optimizer_runner(m, case, name, options) for m in modes}
+        times = {m: [] for m in modes}
+        for i in range(reps + 5):
+            for m in modes:
+                t = runners[m]()
+                if i >= 5:
+                    times[m].append(t)
+        out[name] = {m: statistics.median(times[m]) for m in modes}
+    return out
+
+
 def _step_floor(case, reps, step, rounds=3):
     """The large MLP's step floor: its "c" backward's GEMMs alone plus its forward's
     matmuls alone (numpy, as the forward makes them), measured in turns with the
@@ -134,7 +188,7 @@ def _step_floor(case, reps, step, rounds=3):
             "ratio": statistics.median(s / (b + f) for s, b, f in zip(steps, backs, fores))}
 
 
-def worker(reps, cases, eager_only=None):
+def worker(reps, cases, eager_only=None, opt_cases=()):
     try:
         import torch
         torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
@@ -142,6 +196,11 @@ def worker(reps, cases, eager_only=None):
         modes = MODES
     except ImportError:
         modes = MODES[1:]
+    if opt_cases:
+        opt_modes = OPT_MODES if "torch" in modes else OPT_MODES[1:]
+        return {case: measure_optimizers(
+            case, max(5, reps // 10) if case in ("large_mlp", "transformer") else reps,
+            opt_modes) for case in opt_cases}
     if eager_only:      # only eager steps, after one compiled backward or none
         modes = ("eager",)
         if eager_only == "after-use":
@@ -160,6 +219,21 @@ def _fmt(seconds):
     if seconds is None:
         return "-"
     return f"{seconds * 1e3:.2f}ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f}us"
+
+
+def report_optimizers(results, threads):
+    print(f"\nthreads: {threads}")
+    print("training step with an optimizer (forward + backward + update), medians")
+    print(f"{'case':<13}{'optimizer':<11}" + "".join(f"{m:>15}" for m in OPT_MODES)
+          + f"{'c+step/torch':>14}{'c inside/torch':>16}{'inside/c+step':>15}")
+    for case, rows in results.items():
+        for name, row in rows.items():
+            t = row.get("torch")
+            cells = "".join(f"{_fmt(row.get(m)):>15}" for m in OPT_MODES)
+            ratios = (f"{row['c+step'] / t:>14.2f}{row['c inside'] / t:>16.2f}" if t
+                      else f"{'-':>14}{'-':>16}")
+            print(f"{case:<13}{name:<11}{cells}{ratios}"
+                  f"{row['c inside'] / row['c+step']:>15.2f}")
 
 
 def report(results, threads, eager_only=None):
@@ -224,13 +298,18 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--eager-only", choices=["never-used", "after-use"],
                         help=argparse.SUPPRESS)
+    parser.add_argument("--optimizer-cases", default=",".join(OPT_CASES),
+                        help="cases measured with an optimizer (empty: none)")
+    parser.add_argument("--optimizers-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - set(CASES)
+    opt_cases = [c for c in args.optimizer_cases.split(",") if c]
+    unknown = (set(cases) | set(opt_cases)) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
     if args.worker:
-        print(json.dumps(worker(args.reps, cases, args.eager_only)))
+        print(json.dumps(worker(args.reps, cases, args.eager_only,
+                                opt_cases if args.optimizers_only else ())))
         return
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -252,6 +331,11 @@ def main():
             if proc.returncode:
                 sys.exit(f"worker failed ({threads} thread):\n{proc.stderr}")
             return json.loads(proc.stdout.strip().splitlines()[-1])
+        if opt_cases:
+            opt_run = run(["--optimizers-only", "--optimizer-cases", ",".join(opt_cases)])
+        if not cases:
+            report_optimizers(opt_run, threads)
+            continue
         main_run, eager_only = run([]), None
         if threads == "1":
             # Processes differ by more than the forward does: three of each kind,
@@ -264,6 +348,8 @@ def main():
                 r[case]["reused:eager"]["forward"] for r in got)}} for case in cases}
                 for got in kinds.values()]
         report(main_run, threads, eager_only)
+        if opt_cases:
+            report_optimizers(opt_run, threads)
 
 
 if __name__ == "__main__":

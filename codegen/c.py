@@ -7,6 +7,9 @@ prim's record holds its C expression, the others name their template file):
 
 - view prims make no code: they re-stride a value (``c_layout``), so a transpose
   folds into the BLAS call that reads it;
+- a ``store`` writes its value into an input's array in one loop (an elementwise
+  value stored and used nowhere else is that loop's expression); nothing is fused
+  across a store, so every read of an input happens where the graph puts it;
 - an elementwise node whose single user is an elementwise node of the same shape
   (or a sum/amax reading it) is *fused*: its expression is inlined into the user's
   loop, so it never touches memory;
@@ -31,15 +34,17 @@ records.
 """
 from __future__ import annotations
 
+import bisect
+
 import jinja2
 import numpy as np
 
 from codegen import c_memory, c_ops, c_threads
 from codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
 from codegen.c_text import ENV as _ENV
-from codegen.c_text import Stmt, literal
+from codegen.c_text import Stmt, literal, split_parts
 from codegen.python import _comment
-from compiled_autograd.ir.graph import Node
+from compiled_autograd.ir.graph import Node, is_store
 from compiled_autograd.ir.symbolic import SymFloat, SymInt
 from runtime.cbuild import array_data_offset, blas
 from runtime.lowering import SAME_LOOP
@@ -141,11 +146,23 @@ class Emitter:
         lowering records allow: the producer's is ``fusable``, the user's
         ``inlines`` the operand it is."""
         fused = set()
+        step = {n: i for i, n in enumerate(self.graph.nodes)}
+        stores = [step[n] for n in self.graph.nodes if is_store(n)]
         for n in self.graph.nodes:
             low = lowering(n)
             if low is None or not low.fusable or len(n.users) != 1:
                 continue
             (u,) = n.users
+            # A fused node is evaluated in its user's loop: never past a store,
+            # which may overwrite an input it reads.
+            if stores and bisect.bisect_left(stores, step[n]) != \
+                    bisect.bisect_left(stores, step[u]):
+                continue
+            if is_store(u):
+                if u.args[1] is n and u.args[0] is not n and \
+                        tuple(map(dim, n.meta["shape"])) == tuple(map(dim, u.args[0].meta["shape"])):
+                    fused.add(n)
+                continue
             user = lowering(u)
             if user is None:
                 continue
@@ -374,6 +391,8 @@ class Emitter:
                 self.hook(node)
             elif node.target == "getitem":
                 self.getitem(node)
+            elif node.target == "store":
+                self.store(node, source)
             elif node in self.fused:
                 continue
             else:
@@ -406,6 +425,18 @@ class Emitter:
             return
         site = self.site_of[container]
         self.vals[node] = site.item_vals[int(i)]
+
+    def store(self, node, source):
+        """``dst[...] = src``: one loop writing the input array ``dst``."""
+        dst, src = node.args
+        out, leaves = self.vals[dst], []
+        if src in self.fused:
+            text, dt = self.expression(src, out.shape, leaves)
+            if ctype(dt) != out.ctype:
+                text = f"(({out.ctype}){text})"
+        else:
+            text = self.operand_val(self.vals[src], out.shape, leaves, out.ctype)
+        self.emit(self.store_loop(out, text, leaves), source)
 
     # ------------------------------------------------------------ hooks and outputs
 
@@ -521,7 +552,7 @@ class Emitter:
             current["stmts"].append(st.text)
             current["uses"] |= st.uses
             current["sets"] |= st.sets
-        parts = _split(blocks, self.part_lines)
+        parts = split_parts(blocks, self.part_lines)
         common = dict(decls=decls, n_nodes=n_steps, data_offset=array_data_offset(), blas=blas())
         prog.sources = [_ENV.get_template("backward.c.j2").render(
             blocks=blocks, parts=parts if len(parts) > 1 else [], **common)]
@@ -539,20 +570,6 @@ class Emitter:
             if not reads and f"{box}[" in prog.source:      # (boxed_symbol's text)
                 raise AssertionError(f"c codegen: the C reads {box} the graph has no symbol of")
         return prog
-
-
-def _split(blocks, max_lines):
-    """The blocks in consecutive parts of at most about ``max_lines`` lines of C
-    (a block is never cut), so that each part compiles as its own unit."""
-    parts, current, lines = [], [], 0
-    for block in blocks:
-        n = 1 + sum(t.count("\n") + 1 for t in block["stmts"])
-        if current and lines + n > max_lines:
-            parts.append(current)
-            current, lines = [], 0
-        current.append(block)
-        lines += n
-    return parts + [current] if current else parts
 
 
 def symbol_kinds(graph) -> tuple[bool, bool]:

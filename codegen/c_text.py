@@ -50,3 +50,17 @@ def literal(value, ct) -> str:
             return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
         return f"(({ct}){value!r})"
     raise NotImplementedError(f"C backend: constant {value!r}")
+
+
+def split_parts(blocks, max_lines):
+    """The blocks in consecutive parts of at most about ``max_lines`` lines of C
+    (a block is never cut), so that each part compiles as its own unit."""
+    parts, current, lines = [], [], 0
+    for block in blocks:
+        n = 1 + sum(t.count("\n") + 1 for t in block["stmts"])
+        if current and lines + n > max_lines:
+            parts.append(current)
+            current, lines = [], 0
+        current.append(block)
+        lines += n
+    return parts + [current] if current else parts

@@ -13,6 +13,11 @@ them through ``run_kernel`` so that ``ca.memory.profile()`` sees every allocatio
 A memory plan's recomputation (a prim node with meta ``recipe``) calls its kernel
 as ``_r_<prim>``: the same kernel in the first, accounted as category
 "recomputed" in the second (the compiled run accounts the rest as "gradient").
+
+The value a ``store`` writes, and the chain of arithmetic right before it, is
+computed straight into the stored array (``ir.passes.in_place_writes``; the prim's
+numpy ufunc with ``out=``, as ``_u_<prim>``): an optimizer's update traced into the
+backward allocates what its eager form does.
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ from functools import partial
 import jinja2
 
 from compiled_autograd.ir.graph import Node, fresh_and_only_here
-from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from compiled_autograd.ir.passes import in_place_writes
+from compiled_autograd.compiled.hook_calls import CALL_HOOK, store
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from runtime import memory
 from runtime.loader import load_python
@@ -74,12 +80,13 @@ class _Source:
 
     def lines(self):
         dies_after = self.graph.last_uses()
+        self.out = in_place_writes(self.graph)
         blocks, current = [], None
         for node in self.graph.nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" or self.out.get(node) == "stored":
                 continue
             frees = [d.name for d in dies_after.get(node, ())
-                     if not (d is node and node.op == "call_hook" and not _has_value(node))]
+                     if not (d is node and not _has_value(node))]
             line = self.line(node, frees)
             source = _comment(node.meta.get("source") or "") if node.op != "output" else ""
             if current is None or current["source"] != source:
@@ -100,6 +107,8 @@ class _Source:
                 args.append(self.value(tuple(node.meta["shape"])))
             return dict(base, kind="hook", target=node.target, has_value=_has_value(node),
                         args=args)
+        if node.target == "store":
+            return dict(base, kind="store", args=[self.value(a) for a in node.args])
         if node.target == "getitem":
             container, index = node.args
             if container.op == "placeholder":
@@ -109,13 +118,18 @@ class _Source:
             raise RuntimeError(f"python codegen: unknown target {node.target!r}")
         # A memory plan's recomputation of a saved value (meta "recipe") calls its
         # kernel as ``_r_<prim>``: the same kernel, accounted as "recomputed".
-        return dict(base, kind="prim", target=node.target,
-                    kernel="_r_" if "recipe" in node.meta else "_k_",
-                    args=[self.value(a) for a in node.args],
-                    kwargs=[(k, self.value(v)) for k, v in node.kwargs.items()])
+        kwargs = [(k, self.value(v)) for k, v in node.kwargs.items()]
+        kernel = "_r_" if "recipe" in node.meta else "_k_"
+        out = self.out.get(node)
+        if out is not None:
+            kernel, kwargs = "_u_", [("out", self.value(out))]
+        return dict(base, kind="prim", target=node.target, kernel=kernel,
+                    args=[self.value(a) for a in node.args], kwargs=kwargs)
 
 
 def _has_value(node):
+    if node.op == "call_function":
+        return node.target != "store"
     return node.target not in ("accumulate_grad", "post_acc_grad_hook") or bool(node.users)
 
 
@@ -145,8 +159,11 @@ class PythonBackward:
         fast = dict(constants)
         for name, prim in PRIMS.items():
             fast[f"_k_{name}"] = fast[f"_r_{name}"] = prim.kernel
+            if prim.ufunc is not None:
+                fast[f"_u_{name}"] = prim.ufunc
         for kind, fn in CALL_HOOK.items():
             fast[f"_h_{kind}"] = fn
+        fast["_store"] = store
         self.filename, fast = load_python(self.code, fast)
         self.fast = fast["compiled_backward"]
         accounted = dict(fast)

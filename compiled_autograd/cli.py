@@ -253,9 +253,16 @@ def cmd_memory(args, out):
         if mixed:
             raise UsageError(f"--budget cannot be combined with {' or '.join(mixed)}: the "
                              f"memory plan chooses what to recompute itself")
+    if args.optimizer is not None:
+        mixed = [flag for flag, on in (("--budget", args.budget is not None),
+                                       ("--report", args.report is not None)) if on]
+        if mixed:
+            raise UsageError(f"--optimizer cannot be combined with {' or '.join(mixed)}")
     if args.report is not None:
         _check_report_path(args.report)
     model = load_model(args)
+    if args.optimizer is not None:
+        return _memory_of_a_step(args, model, out)
     if args.budget is not None:
         return _memory_plan(args, model, out)
     rows, profiles = [], {}
@@ -318,6 +325,36 @@ def cmd_memory(args, out):
 def _backward(loss, backend):
     """As ``plan_checkpoints`` runs it: "eager" is the eager engine."""
     backward_on(loss, None if backend == "eager" else backend)
+
+
+def _memory_of_a_step(args, model, out):
+    """``memory --optimizer``: the peak of a training step (forward, backward, update)
+    with the update after the backward (``step()``) and inside it (``in_backward``)."""
+    params = _leaves(model.loss())
+    opt = getattr(ca.optim, args.optimizer)(params, lr=1e-3)
+    peaks = {}
+    for inside in (False, True):
+        wrapped = ca.optim.in_backward(opt) if inside else opt
+        for measured in (False, False, True):   # (the state is made, the backward compiled)
+            with ca.memory.profile() if measured else nullcontext() as prof:
+                wrapped.zero_grad()
+                _backward(model.loss(), args.backend)
+                wrapped.step()
+        peaks[inside] = prof.peak_bytes
+        if inside:
+            wrapped.remove()
+    grads = [p._data.nbytes for p in params]
+    out(f"model: {model.description}")
+    out(f"peak of a training step (forward + backward + {args.optimizer} update; bytes "
+        f"allocated inside it, as ca.memory.profile() counts), backend {args.backend}")
+    out(f"{'':<34}{'peak':>13}{'bytes':>14}")
+    for label, inside in (("backward, then step()", False),
+                          ("update inside the backward", True)):
+        out(f"{label:<34}{_mb(peaks[inside]):>13}{peaks[inside]:>14,}")
+    drop = peaks[False] - peaks[True]
+    out(f"the update inside saves {drop:,} bytes ({drop / peaks[False]:.0%}); the gradients "
+        f"are {sum(grads):,} bytes, the largest {max(grads):,}")
+    return 0
 
 
 def _memory_plan(args, model, out):
@@ -478,6 +515,9 @@ def parser():
                         help="plan what to recompute so that forward + backward fits: a "
                              "fraction of the peak without a plan in (0, 1], such as 0.4, or "
                              "an integer number of bytes")
+    memory.add_argument("--optimizer", choices=["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"],
+                        help="the peak of a training step with this optimizer (lr 1e-3), "
+                             "its update after the backward and inside it (ca.optim.in_backward)")
     return top
 
 

@@ -54,10 +54,10 @@ class Prim:
     """One primitive op. Calling it dispatches (see the module docstring)."""
 
     __slots__ = ("name", "kernel", "meta", "save", "vjp", "view", "differentiable",
-                 "c", "index_params", "method", "doc")
+                 "c", "index_params", "method", "doc", "ufunc")
 
     def __init__(self, name, kernel, meta, save, view, differentiable, c, index_params,
-                 method=None):
+                 method=None, ufunc=None):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -72,6 +72,9 @@ class Prim:
                              f"got {method!r}")
         self.method = method
         self.doc = kernel.__doc__
+        # The numpy ufunc the kernel is, without params (its ``out=`` writes in place:
+        # the Python backend's stores, ``ir.passes.in_place_writes``), or None.
+        self.ufunc = ufunc
 
     def __call__(self, *args, **params):
         # The argument type with the highest __prim_priority__ handles the call (a
@@ -111,7 +114,7 @@ ops = Ops()
 
 
 def prim(name, *, meta, c, save: SaveSpec = (), view=False, differentiable=True,
-         index_params=(), method=None):
+         index_params=(), method=None, ufunc=None):
     """Decorator that turns a numpy kernel into a registered prim. ``c`` (its C
     lowering, a ``runtime.lowering`` record) has no default: a prim without one
     fails here, not when the C backend first meets it. ``method``: the prim is also
@@ -120,7 +123,8 @@ def prim(name, *, meta, c, save: SaveSpec = (), view=False, differentiable=True,
     def register(kernel):
         if name in PRIMS:
             raise RuntimeError(f"prim {name} registered twice")
-        p = Prim(name, kernel, meta, save, view, differentiable, c, index_params, method)
+        p = Prim(name, kernel, meta, save, view, differentiable, c, index_params, method,
+                 ufunc)
         PRIMS[name] = p
         setattr(ops, name, p)
         return p

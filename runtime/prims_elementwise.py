@@ -17,7 +17,7 @@ from runtime.special import erf as _erf
 # ---------------------------------------------------------------- unary
 
 
-@prim("neg", method="plain", meta=same_meta,
+@prim("neg", ufunc=np.negative, method="plain", meta=same_meta,
       c=Elementwise("-{{ a }}"))
 def neg(x):
     return as_array(np.negative(x))
@@ -65,7 +65,7 @@ def _(ctx, g):
     return (ops.div(g, ops.add(x, 1.0)),)
 
 
-@prim("sqrt", method="float", meta=same_meta, save=("out",),
+@prim("sqrt", ufunc=np.sqrt, method="float", meta=same_meta, save=("out",),
       c=Elementwise("sqrt({{ a }})"))
 def sqrt(x, zero_grad_at_zero=False):
     """``zero_grad_at_zero``: the gradient is 0 where the result is 0 (torch's
@@ -260,7 +260,7 @@ def _unbroadcast(ctx, i, g):
     return sum_to(g, ctx.shapes[i])
 
 
-@prim("add", meta=elementwise_meta,
+@prim("add", ufunc=np.add, meta=elementwise_meta,
       c=Elementwise("{{ a }} + {{ b }}"))
 def add(a, b):
     return as_array(np.add(a, b))
@@ -271,7 +271,7 @@ def _(ctx, g):
     return _unbroadcast(ctx, 0, g), _unbroadcast(ctx, 1, g)
 
 
-@prim("sub", meta=elementwise_meta,
+@prim("sub", ufunc=np.subtract, meta=elementwise_meta,
       c=Elementwise("{{ a }} - {{ b }}"))
 def sub(a, b):
     return as_array(np.subtract(a, b))
@@ -282,7 +282,7 @@ def _(ctx, g):
     return _unbroadcast(ctx, 0, g), (_unbroadcast(ctx, 1, ops.neg(g)) if ctx.needs[1] else None)
 
 
-@prim("mul", meta=elementwise_meta, save=((1, 0), (0, 1)),
+@prim("mul", ufunc=np.multiply, meta=elementwise_meta, save=((1, 0), (0, 1)),
       c=Elementwise("{{ a }} * {{ b }}"))
 def mul(a, b):
     return as_array(np.multiply(a, b))
@@ -295,7 +295,7 @@ def _(ctx, g):
             _unbroadcast(ctx, 1, ops.mul(g, a)) if ctx.needs[1] else None)
 
 
-@prim("div", meta=elementwise_meta, save=(1, (0, 1)),
+@prim("div", ufunc=np.true_divide, meta=elementwise_meta, save=(1, (0, 1)),
       c=Elementwise("{{ a }} / {{ b }}"))
 def div(a, b):
     return as_array(np.true_divide(a, b))
@@ -352,7 +352,7 @@ def _minmax_vjp(ctx, g, a_wins):
     return ga, gb
 
 
-@prim("maximum", meta=elementwise_meta, save=(0, 1),
+@prim("maximum", ufunc=np.maximum, meta=elementwise_meta, save=(0, 1),
       c=Elementwise("ca_maximum_{{ sfx }}({{ a }}, {{ b }})"))
 def maximum(a, b):
     return as_array(np.maximum(a, b))

@@ -395,10 +395,36 @@ def check_graph_nodes():
     passed("graph_nodes")
 
 
+def check_update_in_backward():
+    """``ca.optim.in_backward`` under DDP: each update waits for its bucket's
+    all-reduce (it uses the averaged gradient), so the ranks' parameters stay
+    identical and equal one process training on the full batch."""
+    for backend in ("eager", "python", "c"):
+        ca.reset_compiled_autograd()
+        model, single = mlp(0), mlp(0)
+        ddp = DDP(model, bucket_cap_mb=0.0002)        # several buckets
+        opt = ca.optim.in_backward(ca.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9))
+        ref = ca.optim.SGD(single.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(4):
+            backward(loss_of(ddp, MINE), backend)
+            assert all(p.grad is None for p in model.parameters())
+            ref.zero_grad()
+            loss_of(single, slice(None)).backward()
+            ref.step()
+        params = [p.detach().numpy() for p in model.parameters()]
+        assert same_on_every_rank(params)
+        diff = max(rel(a, p.detach().numpy()) for a, p in zip(params, single.parameters()))
+        assert diff <= 1e-5, (backend, diff)
+        assert len(ddp.bucket_layout()) >= 3
+        opt.remove()
+    passed("update_in_backward")
+
+
 CHECKS = [check_collectives, check_construction_broadcasts, check_construction_errors,
           check_shared_parameters, check_gradients_equal_full_batch,
           check_training_identical_after_5_steps, check_no_sync, check_unused_parameters,
-          check_layout_differs, check_comm_hooks, check_broadcast_buffers, check_graph_nodes]
+          check_layout_differs, check_comm_hooks, check_broadcast_buffers, check_graph_nodes,
+          check_update_in_backward]
 
 if __name__ == "__main__":
     only = sys.argv[1:]

@@ -294,3 +294,29 @@ def test_memory_budget_refusal_from_the_module_entry_point():
     assert proc.stderr.strip() == ("compiled-autograd: error: --budget cannot be combined "
                                    "with --offload: the memory plan chooses what to "
                                    "recompute itself")
+
+
+@pytest.mark.parametrize("backend", ["eager", "python", "c"])
+def test_memory_of_a_step_with_the_update_inside(backend):
+    code, text = run_cli(["memory", "--example", "mlp", "--layers", "4", "--width", "128",
+                          "--batch", "8", "--backend", backend, "--optimizer", "SGD"])
+    assert code == 0, text
+    peaks = {}
+    for line in text.splitlines():
+        for label in ("backward, then step()", "update inside the backward"):
+            if line.startswith(label):
+                peaks[label] = int(line.split()[-1].replace(",", ""))
+    after, inside = peaks["backward, then step()"], peaks["update inside the backward"]
+    saved = int(text.split("saves ")[1].split()[0].replace(",", ""))
+    assert saved == after - inside > 0
+    grads = 4 * (128 * 128 + 128) * 4
+    assert f"the gradients are {grads:,} bytes, the largest {128 * 128 * 4:,}" in text
+    # At least half the gradients (all but the largest, less a temporary, on "c" and
+    # eager; the Python backend's update allocates its temporaries as it goes)
+    assert saved >= grads // 2
+
+
+def test_memory_optimizer_is_not_combined_with_budget(capsys):
+    assert main(["memory", "--example", "mlp", "--optimizer", "SGD", "--budget", "0.5"],
+                out=lambda s: None) == 2
+    assert "--optimizer cannot be combined with --budget" in capsys.readouterr().err

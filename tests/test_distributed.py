@@ -55,7 +55,8 @@ def test_mpi4py_is_installed():
 CHECKS = ["collectives", "construction_broadcasts", "construction_errors",
           "shared_parameters", "gradients_equal_full_batch",
           "training_identical_after_5_steps", "no_sync", "unused_parameters",
-          "layout_differs", "comm_hooks", "broadcast_buffers", "graph_nodes"]
+          "layout_differs", "comm_hooks", "broadcast_buffers", "graph_nodes",
+          "update_in_backward"]
 
 
 def test_checks_on_two_ranks(tmp_path):

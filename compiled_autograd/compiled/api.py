@@ -203,12 +203,17 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     del values
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
-    if not calls_python and not _memory.active():
-        out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
-                              collected.scalars, collected.hooks, collected.packed_data)
-    else:
-        out = engine.run_task(task, False, _call_learning, task, entry, calls_python, inputs,
-                              collected)
+    try:
+        if not calls_python and not _memory.active():
+            out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
+                                  collected.scalars, collected.hooks, collected.packed_data)
+        else:
+            out = engine.run_task(task, False, _call_learning, task, entry, calls_python,
+                                  inputs, collected)
+    finally:
+        # (also after a failure: its stores may have run)
+        for effect in collected.after_run:
+            effect()
     return list(out) if out is not None else []
 
 
@@ -306,7 +311,8 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
                              len(input_edges or ()), family.dynamic, family.none_masks)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
-    guards = list(guards) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
+    # (each guard once: a traced update records the same ones for every parameter)
+    guards = list(dict.fromkeys(guards)) + [(("s", p), ">=", 2, True) for p in sorted(dynamic)]
     if collected.uncacheable_reason is None:
         family.entries.append((static_check(sizes, dynamic), guards, entry))
     elif "verbose" in log_flags():

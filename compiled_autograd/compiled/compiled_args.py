@@ -49,6 +49,12 @@ class CompiledNodeArgs:
         self.sizes: list = []            # every collected size, flat
         self.scalars: list = []          # lifted Python floats
         self.release_nodes: list = []    # running nodes that are not prim nodes
+        self.traced_hooks: set = set()   # ids of hooks traced into the graph (see collect_hook)
+        # What traced hooks do besides their graph, run once the compiled backward
+        # has run (a parameter's version bump): never at collection, which a
+        # backward may repeat, or follow by running eagerly instead.
+        self.after_run: list = []
+        self.memo: dict = {}             # what a traced hook computes once per backward
         # ``record``: also note where each owner's values sit, for the tracer. A
         # cache hit needs only the key and the values, so it collects without.
         self.record = record
@@ -58,6 +64,7 @@ class CompiledNodeArgs:
         self.size_pos: dict = {}
         self.param_pos: dict = {}
         self.scalar_pos: dict = {}
+        self.shared_scalars: dict = {}   # owner -> position (collect_scalar)
         self.recipes: dict = {}          # id(Recipe) -> its number in this backward
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
@@ -209,8 +216,51 @@ class CompiledNodeArgs:
             self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
-    def collect_hook(self, kind, nr, hook) -> None:
-        """A user hook: its kind and position are the key; the callable is an input."""
+    def collect_tensors(self, tensors) -> None:
+        """Tensors whose arrays are runtime inputs (a traced hook's parameter and
+        state), as ``collect_tensor`` collects each, in one key item."""
+        record, sizes, inputs = self.record, self.sizes, self.inputs
+        items = []
+        for tensor in tensors:
+            data = tensor._data
+            shape = data.shape
+            if record:
+                where = ("tensor", id(tensor))
+                self.size_pos[where] = len(sizes)
+                self.slot[where] = ("inputs", len(inputs))
+            sizes.extend(shape)
+            inputs.append(data)
+            items.append((data.dtype, len(shape)))
+        self.key.append(("tensors", tuple(items)))
+
+    def collect_scalar(self, owner, value) -> int:
+        """A Python float lifted into the runtime ``scalars`` (a traced hook's
+        learning rate): a new value is not a new graph; ``owner`` finds it again.
+        Returns its position, which an owner collected before in this backward
+        shares (the caller puts the position in the key: a group's learning rate,
+        one scalar for all its parameters)."""
+        pos = self.shared_scalars.get(owner)
+        if pos is None:
+            pos = self.shared_scalars[owner] = len(self.scalars)
+            if self.record:
+                self.scalar_pos[owner] = pos
+            self.scalars.append(float(value))
+        return pos
+
+    def collect_hook(self, kind, nr, hook, variable=None) -> None:
+        """A user hook: its kind and position are the key; the callable is an input.
+
+        A post-accumulate-grad hook that is *traceable* (it has ``compiled_args``
+        and ``apply_with_saved``, as a node has: ``ca.optim.in_backward``'s update)
+        is asked first: ``hook.compiled_args(args, variable)`` collects what its
+        graph depends on and returns True, and the tracer then records its
+        ``apply_with_saved`` (prims and ``store`` nodes) in place of a call; or it
+        returns False (collecting nothing), and it is called as Python."""
+        if kind == "post_acc_grad_hook" and hasattr(hook, "apply_with_saved"):
+            if hook.compiled_args(self, variable):
+                self.key.append(("traced_hook", kind, nr))
+                self.traced_hooks.add(id(hook))
+                return
         self.key.append(("hook", kind, nr))
         if self.record:
             self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
@@ -230,7 +280,8 @@ class CompiledNodeArgs:
     def clear(self) -> None:
         """Let go of the runtime values (a backward that will not use them)."""
         for values in (self.saved, self.plain, self.inputs, self.hooks, self.packed_data,
-                       self.release_nodes, self.recipe_objects, self.recipes, self.kept):
+                       self.release_nodes, self.recipe_objects, self.recipes, self.kept,
+                       self.after_run):
             values.clear()
 
     def freeze(self) -> "Key":
@@ -517,7 +568,7 @@ def collect_node(args, fn, edges, runs=True):
     if _hooks.has_hooks(fn):
         for kind, nr, h in node_hooks(fn):
             if runs or kind == "tensor_pre_hook":
-                args.collect_hook(kind, nr, h)
+                args.collect_hook(kind, nr, h, _hooks.leaf_of(fn))
     if runs:
         fn.compiled_args(args)
         if engine.needs_validation(fn):

@@ -1,4 +1,5 @@
-"""What a ``call_hook`` node does at run time, one function per hook kind.
+"""What a ``call_hook`` node does at run time, one function per hook kind (and
+what a ``store`` node does: ``store``).
 
 A compiled backward carries arrays; user hooks see Tensors, as in eager. These
 functions wrap, call, check and unwrap; the interpreter and the generated code both
@@ -131,6 +132,11 @@ def learning():
         yield seen
     finally:
         _learned.seen = previous
+
+
+def store(dst, src):
+    """A ``store`` node: ``src`` written into the input array ``dst`` (no value)."""
+    np.copyto(dst, src)
 
 
 def post_acc_grad_hook(hook, variable):

@@ -5,7 +5,7 @@ its last use (``Graph.last_uses``), so its memory behaviour is the generated cod
 from __future__ import annotations
 
 from compiled_autograd.ir.graph import map_nodes
-from compiled_autograd.compiled.hook_calls import CALL_HOOK
+from compiled_autograd.compiled.hook_calls import CALL_HOOK, store
 from compiled_autograd.ir.symbolic import contains_symbol, resolve
 from runtime import memory
 from runtime.prims import PRIMS, run_kernel
@@ -41,6 +41,8 @@ class Interpreter:
                     value = container[i]
                     if isinstance(container, list):
                         container[i] = None  # take: the graph now owns the value
+                elif node.op == "call_function" and node.target == "store":
+                    value = store(*args)
                 elif node.op == "call_function":
                     if accounting:
                         with memory.source(node.meta.get("source") or node.name):

@@ -392,6 +392,11 @@ class TraceSwap(SwapSavedVariables):
     def params(self, owner, params):
         return self.tracer.params(owner, params)
 
+    def store(self, dst, value):
+        """Record ``dst[...] = value``: ``dst`` a lifted Tensor's graph value."""
+        self.tracer.graph.create_node("call_function", "store", (dst.node, value.node),
+                                      name="store", meta=self.tracer._meta(None, None))
+
     def accumulate_grad(self, variable, grad):
         leaf = self.tracer.lifted_proxy(variable, kind="leaf")
         self.tracer.call_hook("accumulate_grad", (leaf.node, grad.node), name="accumulate_grad")
@@ -442,7 +447,14 @@ def trace(task, roots, collected, captured_count, dynamic=frozenset(), none_mask
             return (None,) * len(fn.next_functions)
         grads = run_hooks(fn, grads, ("tensor_pre_hook", "pre_hook"))
         if isinstance(fn, AccumulateGrad):
-            if grads[0] is not None:
+            traced = [h for kind, _, h in node_hooks(fn) if kind == "post_acc_grad_hook"
+                      and id(h) in tracer.collected.traced_hooks]
+            if traced and grads[0] is not None:
+                # (a traced hook takes the gradient itself: it is the only hook,
+                # and .grad, None before, stays None, as its eager call leaves it)
+                for hook in traced:
+                    hook.apply_with_saved(fn.variable, grads[0], swap)
+            elif grads[0] is not None:
                 swap.accumulate_grad(fn.variable, grads[0])
                 leaf = tracer.lifted_proxy(fn.variable, kind="leaf")
                 for kind, _, hook in node_hooks(fn):

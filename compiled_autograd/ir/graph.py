@@ -1,7 +1,8 @@
 """The graph IR of a compiled backward: an FX-like, straight-line list of nodes.
 
 A ``Node`` has a unique ``name`` (a Python identifier), an ``op`` --
-``placeholder``, ``call_function`` (a prim, or ``getitem`` on a boxed list),
+``placeholder``, ``call_function`` (a prim, ``getitem`` on a boxed list, or
+``store``),
 ``call_hook`` (a user hook, an unpack hook, or gradient accumulation), ``output`` --
 a ``target``, ``args``/``kwargs`` (which may hold other nodes), its ``users`` and a
 ``meta`` dict with ``shape``, ``dtype``, ``nbytes`` and ``source`` (the autograd Node
@@ -9,6 +10,11 @@ it came from). Placeholders come first, ``output`` last.
 
 ``getitem(boxed_list, i)`` *takes* element i: it reads it and clears the slot, so
 the running graph is the only owner of what it read (the boxed calling convention).
+``store(dst, src)`` writes the value ``src`` into the array ``dst``, a runtime input,
+in place, and has no value: the one write into an input's storage (an optimizer's
+update of a parameter and its state, inside the backward). It is a side effect:
+dead-code elimination keeps it, and a backend evaluates nothing that reads ``dst``
+later than the graph's order says (``Graph.stores``).
 ``Graph.last_uses()`` is the one liveness analysis: the interpreter and the code
 generators free each value after its last use with it, and the memory planner
 counts live bytes with it.
@@ -36,7 +42,11 @@ def fresh_and_only_here(value) -> bool:
 HOOK_KINDS = ("unpack_hook", "tensor_pre_hook", "pre_hook", "post_hook",
               "post_acc_grad_hook", "accumulate_grad", "call_backward")
 BOXED = ("inputs", "sizes", "scalars", "hooks", "packed_data")
-STRUCTURAL = ("getitem",)  # call_function targets that are not prims
+STRUCTURAL = ("getitem", "store")  # call_function targets that are not prims
+
+
+def is_store(node) -> bool:
+    return node.op == "call_function" and node.target == "store"
 
 _DTYPE_ABBR = {"float32": "f32", "float64": "f64", "int64": "i64", "bool": "b8",
                "int32": "i32", "float16": "f16"}

@@ -27,6 +27,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from compiled_autograd.ir.graph import STRUCTURAL
+
 
 def _get(e, key):
     return e[key] if isinstance(e, dict) else getattr(e, key)
@@ -96,7 +98,7 @@ def _by_allocations(steps, events):
                 if j is not None:
                     start[k], cursor = allocs[j][0], j + 1
             continue
-        if s.op != "call_function" or s.target == "getitem":
+        if s.op != "call_function" or s.target in STRUCTURAL:
             continue
         kernels += 1
         if not s.allocated:

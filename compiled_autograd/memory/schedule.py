@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiled_autograd.ir.graph import fresh_and_only_here
+from compiled_autograd.ir.graph import STRUCTURAL, fresh_and_only_here
+from compiled_autograd.ir.passes import in_place_writes
 from runtime.prims import PRIMS
 
 
@@ -112,6 +113,7 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
     ``packed_data[j]`` is: ("checkpoint", segment, alias), ("offload", None) or
     ("hook", None)."""
     dies_after = graph.last_uses()
+    into = in_place_writes(graph)    # (values the Python backend computes into an input)
     storage_of, owners, size, category, source = {}, {}, {}, {}, {}
     group_members: dict = {}
     for node in graph.nodes:
@@ -133,11 +135,13 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
 
     for i, node in enumerate(graph.nodes):
         allocated, event, recipe = 0, None, None
-        if node.op == "call_function" and node.target != "getitem":
+        if node.op == "call_function" and node.target not in STRUCTURAL:
             recipe = node.meta.get("recipe")
             prim = PRIMS[node.target]
             base = next((a for a in node.args if hasattr(a, "op")), None)
-            if prim.view and base is not None:
+            if node in into:
+                base = into[node]       # (an input: made before the backward)
+            if (prim.view or node in into) and base is not None:
                 if base in storage_of:  # else a view of a value made before the backward
                     own(node, storage_of[base], 0, category.get(storage_of[base], "gradient"))
             else:

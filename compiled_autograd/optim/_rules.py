@@ -2,6 +2,8 @@
 
 ``g`` is the parameter's gradient array and is never written; a modified gradient
 goes to scratch buffer 0, other temporaries to scratch buffer 1 (``Scratch``).
+``xp`` is numpy, or ``optim.traced.TRACE`` when the rule is traced into a compiled
+backward (its arrays are then ``traced.Buffer``s, its floats runtime scalars).
 """
 from __future__ import annotations
 
@@ -19,55 +21,55 @@ def check_unsupported(name, options):
                                "(numpy arrays on the CPU; the foreach path is the only one)")
 
 
-def effective_grad(p, g, scratch, maximize, weight_decay):
+def effective_grad(p, g, scratch, maximize, weight_decay, xp=np):
     """``-g`` if maximizing, plus ``weight_decay * p`` (torch's L2 penalty)."""
     if maximize:
         s = scratch.get(g, 0)
-        np.negative(g, out=s)
+        xp.negative(g, out=s)
         g = s
     if weight_decay != 0:
         s, t = scratch.get(g, 0), scratch.get(g, 1)
-        np.multiply(p, weight_decay, out=t)
-        np.add(g, t, out=s)
+        xp.multiply(p, weight_decay, out=t)
+        xp.add(g, t, out=s)
         g = s
     return g
 
 
-def lerp_(start, end, weight, tmp):
+def lerp_(start, end, weight, tmp, xp=np):
     """``start.lerp_(end, weight)`` with torch's two-sided formula."""
-    np.subtract(end, start, out=tmp)
+    xp.subtract(end, start, out=tmp)
     if abs(weight) < 0.5:
         tmp *= weight
         start += tmp
     else:
         tmp *= 1.0 - weight
-        np.subtract(end, tmp, out=start)
+        xp.subtract(end, tmp, out=start)
 
 
-def addcmul_(out, a, b, value, tmp):
+def addcmul_(out, a, b, value, tmp, xp=np):
     """``out += value * a * b``."""
     if value == 1:
-        np.multiply(a, b, out=tmp)
+        xp.multiply(a, b, out=tmp)
     else:
-        np.multiply(a, value, out=tmp)
+        xp.multiply(a, value, out=tmp)
         tmp *= b
     out += tmp
 
 
-def addcdiv_(out, a, b, value, tmp):
+def addcdiv_(out, a, b, value, tmp, xp=np):
     """``out += value * (a / b)`` (``tmp`` may be ``a`` or ``b``)."""
-    np.divide(a, b, out=tmp)
+    xp.divide(a, b, out=tmp)
     if value != 1:
         tmp *= value
     out += tmp
 
 
-def add_scaled_(out, a, alpha, tmp):
+def add_scaled_(out, a, alpha, tmp, xp=np):
     """``out += alpha * a`` (one pass when ``alpha`` is 1 or -1)."""
     if alpha == 1:
         out += a
     elif alpha == -1:
         out -= a
     else:
-        np.multiply(a, alpha, out=tmp)
+        xp.multiply(a, alpha, out=tmp)
         out += tmp

@@ -40,17 +40,20 @@ class Adagrad(Optimizer):
         state["step"] = step_state()
         state["sum"] = state_tensor(np.full_like(p._data, group["initial_accumulator_value"]))
 
-    def _update(self, p, g, state, group, scratch):
-        maximize, wd = group["maximize"], group["weight_decay"]
-        g = _rules.effective_grad(p, g, scratch, maximize, wd)
+    def _scalars(self, group, state):
+        t = float(state["step"]._data) + 1          # (this update's step)
+        return {"weight_decay": group["weight_decay"], "eps": group["eps"],
+                "clr": -group["lr"] / (1 + (t - 1) * group["lr_decay"])}
+
+    def _update(self, p, g, state, group, scratch, sc, xp=np):
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], sc["weight_decay"], xp)
         step = state["step"]._data
         step += 1
-        clr = -group["lr"] / (1 + (float(step) - 1) * group["lr_decay"])
         acc = state["sum"]._data
         tmp = scratch.get(p, 1)
-        _rules.addcmul_(acc, g, g, 1, tmp)
-        np.sqrt(acc, out=tmp)
-        tmp += group["eps"]
+        _rules.addcmul_(acc, g, g, 1, tmp, xp)
+        xp.sqrt(acc, out=tmp)
+        tmp += sc["eps"]
         num = scratch.get(p, 0)
-        np.multiply(g, clr, out=num)
-        _rules.addcdiv_(p, num, tmp, 1, tmp)
+        xp.multiply(g, sc["clr"], out=num)
+        _rules.addcdiv_(p, num, tmp, 1, tmp, xp)

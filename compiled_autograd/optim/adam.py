@@ -39,32 +39,37 @@ class Adam(Optimizer):
         if group["amsgrad"]:
             state["max_exp_avg_sq"] = zeros_state(p)
 
-    def _update(self, p, g, state, group, scratch):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        beta1, beta2 = group["betas"]
+    def _scalars(self, group, state):
+        lr, (beta1, beta2) = group["lr"], group["betas"]
+        t = float(state["step"]._data) + 1          # (this update's step)
+        return {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": group["eps"],
+                "weight_decay": group["weight_decay"],
+                "step_size": (lr / (1 - beta1 ** t)) * -1,
+                "bias_correction2_sqrt": (1 - beta2 ** t) ** 0.5}
+
+    def _update(self, p, g, state, group, scratch, sc, xp=np):
+        lr, wd = sc["lr"], sc["weight_decay"]
+        beta1, beta2 = sc["beta1"], sc["beta2"]
         decoupled = group["decoupled_weight_decay"]
-        g = _rules.effective_grad(p, g, scratch, group["maximize"], 0 if decoupled else wd)
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], 0 if decoupled else wd, xp)
         step = state["step"]._data
         step += 1
         if wd != 0 and decoupled:
             p *= 1 - lr * wd
         m, v = state["exp_avg"]._data, state["exp_avg_sq"]._data
         tmp = scratch.get(p, 1)
-        _rules.lerp_(m, g, 1 - beta1, tmp)
+        _rules.lerp_(m, g, 1 - beta1, tmp, xp)
         v *= beta2
-        _rules.addcmul_(v, g, g, 1 - beta2, tmp)
-        t = float(step)
-        step_size = (lr / (1 - beta1 ** t)) * -1
-        bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
+        _rules.addcmul_(v, g, g, 1 - beta2, tmp, xp)
         if group["amsgrad"]:
             mx = state["max_exp_avg_sq"]._data
-            np.maximum(mx, v, out=mx)
-            np.sqrt(mx, out=tmp)
+            xp.maximum(mx, v, out=mx)
+            xp.sqrt(mx, out=tmp)
         else:
-            np.sqrt(v, out=tmp)
-        tmp /= bias_correction2_sqrt
-        tmp += eps
-        _rules.addcdiv_(p, m, tmp, step_size, tmp)
+            xp.sqrt(v, out=tmp)
+        tmp /= sc["bias_correction2_sqrt"]
+        tmp += sc["eps"]
+        _rules.addcdiv_(p, m, tmp, sc["step_size"], tmp, xp)
 
 
 class AdamW(Adam):

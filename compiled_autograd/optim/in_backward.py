@@ -8,9 +8,28 @@ hook on every parameter runs the optimizer's own update of that parameter
 final, then sets ``.grad`` to None, so each gradient is freed while the backward goes
 on, and the peak holds at most one gradient instead of all of them.
 
-Compiled autograd places these hooks as ``call_hook[post_acc_grad_hook]`` nodes right
-after each parameter's gradient, so the same holds on every backend ("eager",
-"python", "c", a user's compiler).
+Under compiled autograd the update is part of the compiled graph: the hook is
+*traceable* (it has ``compiled_args`` and ``apply_with_saved``, as a node has), so
+the tracer records the optimizer's rule itself right after the parameter's last
+gradient contribution -- its prims, then ``store`` nodes that write the new
+parameter and state into their arrays -- and "python" and "c" run it inline, with
+no call into the optimizer's Python (``optim.traced``). The parameter's and state's
+arrays are the graph's runtime inputs, and every float of the rule (the learning
+rate, betas, Adam's bias corrections for this step) a runtime scalar: a scheduler's
+new learning rate is no recompile. The gradient never becomes ``.grad``.
+
+The update is called as Python instead (a ``call_hook[post_acc_grad_hook]`` node,
+as any hook) where the traced form cannot say the same: on a parameter's first
+update where its state is made then (SGD's momentum buffer, Adam's moments), when
+``.grad`` is not None before the backward (the update then takes the sum), when the
+parameter has other post-accumulate-grad hooks, or when an array is not C-contiguous
+and writeable. Each of these is part of the cache key.
+
+Under ``DistributedDataParallel`` the update of a parameter waits for its bucket's
+all-reduce: its hook hands the update to DDP's reducer (``GradReady.after_reduce``),
+which runs it with the averaged gradient right after that bucket's wait, before it
+waits for the next bucket (so later buckets' transfers overlap earlier buckets'
+updates). That update is Python (called from DDP's ``wait_buckets`` hook node).
 
 What the wrapped optimizer does:
 
@@ -28,8 +47,55 @@ What the wrapped optimizer does:
 from __future__ import annotations
 
 import threading
+from functools import partial
 
+import numpy as np
+
+from compiled_autograd.optim import traced
 from compiled_autograd.optim.optimizer import Optimizer
+
+
+class UpdateHook:
+    """The post-accumulate-grad hook of one parameter: its update (called as
+    Python by eager autograd, traced by compiled autograd)."""
+
+    __slots__ = ("owner", "__weakref__")
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def __call__(self, param):
+        # A parameter DistributedDataParallel averages is updated once its
+        # bucket's all-reduce is done (the reducer calls back), not before.
+        for hook in tuple(param._post_accumulate_grad_hooks.values()):
+            defer = getattr(hook, "after_reduce", None)
+            if defer is not None and defer(self.owner._update_hook):
+                return
+        self.owner._update_hook(param)
+
+    def compiled_args(self, args, param) -> bool:
+        return self.owner._compiled_args(self, args, param)
+
+    def apply_with_saved(self, param, grad, swap) -> None:
+        self.owner._apply_with_saved(self, param, grad, swap)
+
+    def __repr__(self):
+        return f"<update of {type(self.owner.optimizer).__name__}>"
+
+
+def _traceable_array(a) -> bool:
+    flags = a.flags
+    return flags.c_contiguous and flags.writeable
+
+
+def _flags(group) -> dict:
+    """The options of ``group`` a rule may branch on while traced (no floats:
+    those are ``_scalars``, runtime values)."""
+    return {k: v for k, v in group.items()
+            if k != "params" and (v is None or isinstance(v, (bool, str)))}
+
+
+_NO_STATE: dict = {}
 
 
 class OptimizerInBackward(Optimizer):
@@ -62,7 +128,67 @@ class OptimizerInBackward(Optimizer):
     def _hook_group(self, index):
         for p in self.param_groups[index]["params"]:
             self._group_of[id(p)] = index
-            self._handles.append(p.register_post_accumulate_grad_hook(self._update_hook))
+            self._handles.append(p.register_post_accumulate_grad_hook(UpdateHook(self)))
+
+    def _compiled_args(self, hook, args, p) -> bool:
+        """Collect the traced update of ``p`` (see the module doc), or say False."""
+        opt = self.optimizer
+        group = self.param_groups[self._group_of[id(p)]]
+        state = opt.state.get(p, _NO_STATE)
+        if (p.grad is not None or len(p._post_accumulate_grad_hooks) != 1
+                or not opt._state_ready(state, group) or p._data.dtype.kind != "f"
+                or not _traceable_array(p._data)
+                or not all(_traceable_array(t._data) for t in state.values())):
+            return False
+        # Once per backward and group: its flags, the list of the parameters
+        # updated (whose eager calls' other effects run after it), and the floats'
+        # positions if they do not depend on the state.
+        gid = id(group)
+        memo = args.memo.get((id(self), gid))
+        if memo is None:
+            memo = args.memo[(id(self), gid)] = [tuple(_flags(group).items()), [], None]
+            args.after_run.append(partial(self._stepped, memo[1]))
+        positions = memo[2]
+        if positions is None:
+            # The floats: one runtime scalar per group, name and value (a group's lr
+            # is one scalar for all its parameters), their positions in the key.
+            positions = tuple([args.collect_scalar((gid, name, value), value)
+                               for name, value in opt._scalars(group, state).items()])
+            if not opt._scalars_read_state:
+                memo[2] = positions
+        args.collect(("optimizer update", type(opt), memo[0], tuple(state), positions))
+        args.collect_tensors((p, *state.values()))
+        memo[1].append(p)
+        return True
+
+    def _stepped(self, params):
+        """What the updates' eager calls do besides the arithmetic, once the
+        backward ran: each parameter was modified in place (a saved copy of it is
+        out of date), and the optimizer stepped (a scheduler's order check)."""
+        for p in params:
+            p._version_counter.bump()
+        self._opt_called = True
+
+    def _apply_with_saved(self, hook, p, grad, swap) -> None:
+        """The update of ``p`` from ``grad`` (a graph value) as graph nodes."""
+        opt = self.optimizer
+        group = self.param_groups[self._group_of[id(p)]]
+        state = opt.state.get(p, {})
+        tensors = {"": p, **state}
+
+        def rule(last):
+            buffers = {k: traced.Buffer(swap.lifted(t), swap.lifted(t), last.get(k), swap.store)
+                       for k, t in tensors.items()}
+            scalars = {name: swap.scalar((id(group), name, value), value)
+                       for name, value in opt._scalars(group, state).items()}
+            param = buffers.pop("")
+            opt._update(param, grad, buffers, _flags(group), traced.TraceScratch(), scalars,
+                        traced.TRACE)
+            return {"": param.writes, **{k: b.writes for k, b in buffers.items()}}
+        mark = swap.tracer.mark()
+        writes = rule({})               # (counts each array's writes: no store yet)
+        swap.tracer.rewind(mark)
+        rule(writes)                    # (each array stored at its last write)
 
     def _update_hook(self, param):
         """Run when ``param.grad`` is final: update ``param``, free its gradient."""

@@ -259,7 +259,7 @@ class Optimizer:
             raise RuntimeError(f"the gradient of a parameter of shape {list(p.shape)} and "
                                f"dtype {p.dtype} is of shape {list(grad.shape)} and dtype "
                                f"{grad.dtype}")
-        self._update(p._data, g, state, group, self._scratch)
+        self._update(p._data, g, state, group, self._scratch, self._scalars(group, state))
         if state:   # (SGD without momentum keeps none, as torch)
             self.state[p] = state
         p._version_counter.bump()
@@ -267,7 +267,24 @@ class Optimizer:
     def _init_state(self, p, group, state):
         raise NotImplementedError
 
-    def _update(self, p, g, state, group, scratch):
+    def _state_ready(self, state, group) -> bool:
+        """Whether ``state`` holds every array an update of ``group`` writes (a
+        traced update has no first step: it writes arrays that exist)."""
+        return bool(state)
+
+    _scalars_read_state = True    # (False: ``_scalars`` reads only the group)
+
+    def _scalars(self, group, state) -> dict:
+        """The floats this update computes with (``sc`` of ``_update``): every
+        option a scheduler may change, and what depends on the step count. The
+        rule reads no float of ``group`` itself, so that traced (``in_backward``)
+        they are the graph's runtime scalars."""
+        raise NotImplementedError
+
+    def _update(self, p, g, state, group, scratch, sc, xp=np):
+        """One parameter's rule, in place: ``p`` (its array) from ``g`` and
+        ``state``, with the floats ``sc`` and the array functions of ``xp``
+        (numpy; ``optim.traced.TRACE`` when traced into a compiled backward)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ state_dict

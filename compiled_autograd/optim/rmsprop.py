@@ -39,27 +39,37 @@ class RMSprop(Optimizer):
         if group["centered"]:
             state["grad_avg"] = zeros_state(p)
 
-    def _update(self, p, g, state, group, scratch):
-        alpha, eps, lr = group["alpha"], group["eps"], group["lr"]
-        g = _rules.effective_grad(p, g, scratch, group["maximize"], group["weight_decay"])
-        state["step"]._data[...] += 1
+    def _state_ready(self, state, group):
+        # (its momentum buffer is made with the state: a momentum set later has none)
+        return bool(state) and (group["momentum"] <= 0 or "momentum_buffer" in state)
+
+    _scalars_read_state = False
+
+    def _scalars(self, group, state):
+        return {k: group[k] for k in ("lr", "alpha", "eps", "weight_decay", "momentum")}
+
+    def _update(self, p, g, state, group, scratch, sc, xp=np):
+        alpha, eps, lr = sc["alpha"], sc["eps"], sc["lr"]
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], sc["weight_decay"], xp)
+        step = state["step"]._data
+        step += 1
         sq = state["square_avg"]._data
         tmp = scratch.get(p, 1)
         sq *= alpha
-        _rules.addcmul_(sq, g, g, 1 - alpha, tmp)
+        _rules.addcmul_(sq, g, g, 1 - alpha, tmp, xp)
         if group["centered"]:
             ga = state["grad_avg"]._data
-            _rules.lerp_(ga, g, 1 - alpha, tmp)
-            np.multiply(ga, ga, out=tmp)
-            np.subtract(sq, tmp, out=tmp)
-            np.sqrt(tmp, out=tmp)
+            _rules.lerp_(ga, g, 1 - alpha, tmp, xp)
+            xp.multiply(ga, ga, out=tmp)
+            xp.subtract(sq, tmp, out=tmp)
+            xp.sqrt(tmp, out=tmp)
         else:
-            np.sqrt(sq, out=tmp)
+            xp.sqrt(sq, out=tmp)
         tmp += eps
-        if group["momentum"] > 0:
+        if sc["momentum"] > 0:
             buf = state["momentum_buffer"]._data
-            buf *= group["momentum"]
-            _rules.addcdiv_(buf, g, tmp, 1, tmp)
-            _rules.add_scaled_(p, buf, -lr, tmp)
+            buf *= sc["momentum"]
+            _rules.addcdiv_(buf, g, tmp, 1, tmp, xp)
+            _rules.add_scaled_(p, buf, -lr, tmp, xp)
         else:
-            _rules.addcdiv_(p, g, tmp, -lr, tmp)
+            _rules.addcdiv_(p, g, tmp, -lr, tmp, xp)

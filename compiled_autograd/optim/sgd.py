@@ -31,24 +31,33 @@ class SGD(Optimizer):
     def _init_state(self, p, group, state):
         pass   # the momentum buffer is the first step's gradient (torch)
 
-    def _update(self, p, g, state, group, scratch):
-        g = _rules.effective_grad(p, g, scratch, group["maximize"], group["weight_decay"])
-        momentum = group["momentum"]
+    def _state_ready(self, state, group):
+        return group["momentum"] == 0 or state.get("momentum_buffer") is not None
+
+    _scalars_read_state = False
+
+    def _scalars(self, group, state):
+        return {"lr": group["lr"], "momentum": group["momentum"],
+                "dampening": group["dampening"], "weight_decay": group["weight_decay"]}
+
+    def _update(self, p, g, state, group, scratch, sc, xp=np):
+        g = _rules.effective_grad(p, g, scratch, group["maximize"], sc["weight_decay"], xp)
+        momentum = sc["momentum"]
         tmp = scratch.get(p, 1)
         if momentum != 0:
             buf = state.get("momentum_buffer")
-            if buf is None:
+            if buf is None:     # (the first step: eager only, see _state_ready)
                 state["momentum_buffer"] = state_tensor(np.array(g, order="C", copy=True))
                 b = state["momentum_buffer"]._data
             else:
                 b = buf._data
                 b *= momentum
-                _rules.add_scaled_(b, g, 1 - group["dampening"], tmp)
+                _rules.add_scaled_(b, g, 1 - sc["dampening"], tmp, xp)
             if group["nesterov"]:
                 s = scratch.get(p, 0)
-                np.multiply(b, momentum, out=tmp)
-                np.add(g, tmp, out=s)
+                xp.multiply(b, momentum, out=tmp)
+                xp.add(g, tmp, out=s)
                 g = s
             else:
                 g = b
-        _rules.add_scaled_(p, g, -group["lr"], tmp)
+        _rules.add_scaled_(p, g, -sc["lr"], tmp, xp)

@@ -5,7 +5,9 @@ Gradients are averaged in buckets. Each parameter has a post-accumulate-grad hoo
 flat buffer; when a bucket is full, its all-reduce starts (buckets start in index
 order, the same on every rank, as MPI needs). The hook of the last parameter to
 become ready hands the averaged gradients over: it waits for every bucket and
-writes them back into ``.grad``.
+writes them back into ``.grad``; what waits for a parameter's average
+(``GradReady.after_reduce``: ``ca.optim.in_backward``'s update) runs right after its
+bucket's wait, while later buckets are still in flight.
 
 Under ``ca.compiled_backward`` each hook is a ``call_hook[post_acc_grad_hook]``
 node right after its parameter's gradient, named by what it does in the learned
@@ -68,6 +70,17 @@ class GradReady:
     def __call__(self, param):
         self.reducer.ready(self.i)
 
+    def after_reduce(self, fn) -> bool:
+        """Run ``fn(param)`` once this parameter's averaged gradient is in ``.grad``
+        in this backward (right after its bucket's all-reduce is waited for, before
+        the next bucket's): how ``ca.optim.in_backward`` updates a parameter DDP
+        averages. False outside a syncing backward (``no_sync``): nothing is averaged."""
+        st = self.reducer.state
+        if st is None:
+            return False
+        st.after_reduce.setdefault(self.i, []).append(fn)
+        return True
+
 
 class HandOver:
     """The hook after the last gradient's: wait for every bucket, write ``.grad``."""
@@ -118,6 +131,7 @@ class _Backward:
         last = reducer.buckets[-1][-1]
         self.hand_over_hook = bool(used[last])  # will HandOver run?
         self.reached = False                    # has it run?
+        self.after_reduce = {}                  # parameter -> what runs once it is averaged
 
 
 class Reducer:
@@ -294,6 +308,10 @@ class Reducer:
                 else:
                     p.grad._data[...] = value
                     p.grad._version_counter.bump()
+            for i in self.buckets[b]:     # (a parameter no rank used has no update)
+                if st.global_used[i]:
+                    for fn in st.after_reduce.get(i, ()):
+                        fn(self.params[i])
         if not self.rebuilt:
             self.rebuilt = True
             self._learn_order(st)
