@@ -58,8 +58,8 @@ def callback_transition(n=20000):
     loops of ``n`` callbacks from C, less the time measured inside them)."""
     import ctypes
 
-    from codegen.c_run import CALLBACK
-    from runtime import cbuild
+    from compiled_autograd.codegen.c_run import CALLBACK
+    from compiled_autograd.runtime import cbuild
     loop = cbuild.load(cbuild.build(CALLBACK_LOOP)[0]).ca_callback_loop
     loop.argtypes, loop.restype = [CALLBACK, ctypes.c_int], ctypes.c_int
     inside = [0.0]
@@ -93,7 +93,7 @@ def c_function_share(case, reps):
     times the number of callbacks)."""
     import backward
     import compiled_autograd as ca
-    from codegen.c_run import CALLBACK, C_CALL, CBackward
+    from compiled_autograd.codegen.c_run import CALLBACK, C_CALL, CBackward
     make_loss, params = backward._ca_setup(case)
     inner = []
     original = CBackward.__call__
@@ -145,7 +145,7 @@ def c_function_share(case, reps):
 
 def sgemm(reps):
     import numpy as np
-    from runtime.cbuild import blas
+    from compiled_autograd.runtime.cbuild import blas
     lib = blas()
     name = lib.link[1:] if lib.link.startswith(":") else f"lib{lib.link}.so"
     f = getattr(ctypes.CDLL(os.path.join(lib.lib_dir, name)), lib.sgemm)
@@ -202,8 +202,8 @@ GELU_NAMES = {"libm": "libm erff+expf", "ca": "ca_erff+ca_expf",
 def gelu_loops(reps):
     """Medians of the three GELU-backward loops over 262,144 floats."""
     import numpy as np
-    from codegen.c import _ENV
-    from runtime import cbuild
+    from compiled_autograd.codegen.c import _ENV
+    from compiled_autograd.runtime import cbuild
     from tracer import median_time
     lib = cbuild.load(cbuild.build(_ENV.from_string(GELU_LOOPS).render())[0])
     x = np.random.default_rng(0).standard_normal(512 * 512).astype(np.float32) * 3
@@ -250,8 +250,8 @@ def statement_kind(text):
 
 def statement_kinds(case, reps):
     """{kind: [statements, seconds per backward]}, and the whole backward's median."""
-    from codegen import c as c_emitter
-    from runtime import cbuild
+    from compiled_autograd.codegen import c as c_emitter
+    from compiled_autograd.runtime import cbuild
     kinds = []
     emit, build, load = c_emitter.Emitter.emit, cbuild.build, cbuild.load
 

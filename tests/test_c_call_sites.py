@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_run import C_CALL, CBackward
+from compiled_autograd.codegen.c_run import C_CALL, CBackward
 from compiled_autograd.autograd import Function
 from compiled_autograd.compiled import cache
 from compiled_autograd.examples import build

@@ -13,7 +13,7 @@
 """
 from __future__ import annotations
 
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 
 def eliminate_dead_code(graph) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from compiled_autograd.ir.graph import STRUCTURAL, fresh_and_only_here
 from compiled_autograd.ir.passes import in_place_writes
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 
 class Buffer:

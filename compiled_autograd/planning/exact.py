@@ -44,7 +44,7 @@ import numpy as np
 
 from compiled_autograd.autograd.recipe import saved_with_output
 from compiled_autograd.planning.simulate import needed_values, simulate
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 NODE_LIMIT = 200_000   # branch-and-bound nodes before giving up (the answer is then None)
 
