@@ -1,5 +1,5 @@
-"""The C backend's text pieces shared by the emitter (``codegen.c``), the
-per-kind lowerings (``codegen.c_ops``) and the memory passes (``codegen.c_memory``):
+"""The C backend's text pieces shared by the emitter (``compiled_autograd.codegen.c``), the
+per-kind lowerings (``compiled_autograd.codegen.c_ops``) and the memory passes (``compiled_autograd.codegen.c_memory``):
 the templates under ``templates/c/``, the statement record, and how a Python
 constant reads in C."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import jinja2
 
-from codegen.c_layout import c_expr
+from compiled_autograd.codegen.c_layout import c_expr
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
 
-ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates/c"),
+ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd.codegen", "templates/c"),
                          autoescape=False, keep_trailing_newline=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True,
                          lstrip_blocks=True)

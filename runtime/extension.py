@@ -8,7 +8,7 @@ interpreter's headers (``cbuild.build_extension``: the C backend's private
 cache, so a second process loads it without compiling) and imports it; without a
 compiler or the headers it returns None and ``status()`` says why, so the
 caller's Python code runs instead. Used by the C backend's call
-(``codegen.c_run``).
+(``compiled_autograd.codegen.c_run``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cbuild import CBuildError, build_extension
+from compiled_autograd.runtime.cbuild import CBuildError, build_extension
 
 log = logging.getLogger("compiled_autograd")
 

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from runtime.lowering import Reduction, Template
-from runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
+from compiled_autograd.runtime.lowering import Reduction, Template
+from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
 def _reduced_shape(shape, dims, keepdim):
