@@ -106,6 +106,23 @@ def test_the_installed_wheel_runs_a_compiled_backward_on_every_backend(installed
     assert out[4] == "[]"                     # nothing imported as runtime.* / codegen.*
 
 
+@pytest.mark.parametrize("other_first", [True, False])
+def test_another_codegen_and_runtime_shadow_nothing_and_are_not_shadowed(
+        installed, tmp_path, other_first):
+    """Other top-level ``codegen`` and ``runtime`` packages (PyPI has a ``codegen``)
+    on the path, before or after the installed wheel: the compiled backward runs
+    on the project's modules, and ``import codegen`` is the other package."""
+    other = tmp_path / "other"
+    for name in ("codegen", "runtime"):
+        (other / name).mkdir(parents=True)
+        (other / name / "__init__.py").write_text(f"WHO = 'the other {name}'\n")
+    path = os.pathsep.join(map(str, [other, installed] if other_first else [installed, other]))
+    code = CHECK + "import codegen, runtime\nprint(codegen.WHO, '|', runtime.WHO)\n"
+    out = _run(code, path=path, cwd=tmp_path).split("\n")
+    assert out[1] == str(installed / "compiled_autograd" / "runtime" / "__init__.py")
+    assert out[4:6] == ["[]", "the other codegen | the other runtime"]
+
+
 def test_the_installed_console_script_and_module_run(installed, tmp_path):
     small = ["trace", "--example", "mlp", "--layers", "1", "--width", "8", "--batch", "4"]
     script = installed / "bin" / "compiled-autograd"
