@@ -117,7 +117,9 @@ def test_another_codegen_and_runtime_shadow_nothing_and_are_not_shadowed(
         (other / name).mkdir(parents=True)
         (other / name / "__init__.py").write_text(f"WHO = 'the other {name}'\n")
     path = os.pathsep.join(map(str, [other, installed] if other_first else [installed, other]))
+    # pkg_rewrite: off (the other packages, by their top-level names)
     code = CHECK + "import codegen, runtime\nprint(codegen.WHO, '|', runtime.WHO)\n"
+    # pkg_rewrite: on
     out = _run(code, path=path, cwd=tmp_path).split("\n")
     assert out[1] == str(installed / "compiled_autograd" / "runtime" / "__init__.py")
     assert out[4:6] == ["[]", "the other codegen | the other runtime"]
