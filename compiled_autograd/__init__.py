@@ -5,6 +5,10 @@ The API mirrors torch: ``ca.tensor(..., requires_grad=True)``, ops on Tensors,
 """
 import numpy as _np
 
+# runtime/ and codegen/ are this package's subpackages; a checkout keeps them beside it
+from compiled_autograd import _checkout
+_checkout.install()
+
 import compiled_autograd.runtime as _runtime  # noqa: F401  (fills the prim table)
 from compiled_autograd.autograd import tensor_methods as _tensor_methods
 from compiled_autograd.autograd.tensor import Tensor
