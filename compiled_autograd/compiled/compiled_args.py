@@ -247,7 +247,7 @@ class CompiledNodeArgs:
             self.scalars.append(float(value))
         return pos
 
-    def collect_hook(self, kind, nr, hook, variable=None) -> None:
+    def collect_hook(self, kind, nr, hook, variable=None) -> bool:
         """A user hook: its kind and position are the key; the callable is an input.
 
         A post-accumulate-grad hook that is *traceable* (it has ``compiled_args``
@@ -255,16 +255,18 @@ class CompiledNodeArgs:
         is asked first: ``hook.compiled_args(args, variable)`` collects what its
         graph depends on and returns True, and the tracer then records its
         ``apply_with_saved`` (prims and ``store`` nodes) in place of a call; or it
-        returns False (collecting nothing), and it is called as Python."""
+        returns False (collecting nothing), and it is called as Python. Returns
+        whether it is traced."""
         if kind == "post_acc_grad_hook" and hasattr(hook, "apply_with_saved"):
             if hook.compiled_args(self, variable):
                 self.key.append(("traced_hook", kind, nr))
                 self.traced_hooks.add(id(hook))
-                return
+                return True
         self.key.append(("hook", kind, nr))
         if self.record:
             self.slot.setdefault(("hook", id(hook)), []).append(len(self.hooks))
         self.hooks.append(hook)
+        return False
 
     def uncacheable(self, reason) -> None:
         """This backward depends on something that cannot be keyed: trace it anew."""
@@ -442,24 +444,31 @@ def node_hooks(fn):
     d = fn.__dict__
     out = []
     variable = _hooks.leaf_of(fn)
-    per_output = dict(d.get("_tensor_pre_hooks") or {})
+    per_output = d.get("_tensor_pre_hooks")
     if variable is not None and variable._backward_hooks:
         per_output = {0: variable._backward_hooks}
-    for nr, hooks in per_output.items():
-        out += [("tensor_pre_hook", nr, h) for h in hooks.values()]
-    retainers = d.setdefault("_retainer_fns", {}) if d.get("_retains_grad") else {}
-    for nr, refs in (d.get("_retains_grad") or {}).items():
-        for key, ref in refs.items():
-            # One closure per retained tensor, so both walks see the same callable.
-            fn_ = retainers.get((nr, key, id(ref)))
-            if fn_ is None:
-                fn_ = retainers[(nr, key, id(ref))] = _retainer(ref)
-            out.append(("tensor_pre_hook", nr, fn_))
-    out += [("pre_hook", None, h) for h in (d.get("_pre_hooks") or {}).values()]
+    if per_output:
+        for nr, hooks in per_output.items():
+            out += [("tensor_pre_hook", nr, h) for h in hooks.values()]
+    retains = d.get("_retains_grad")
+    if retains:
+        retainers = d.setdefault("_retainer_fns", {})
+        for nr, refs in retains.items():
+            for key, ref in refs.items():
+                # One closure per retained tensor, so both walks see the same callable.
+                fn_ = retainers.get((nr, key, id(ref)))
+                if fn_ is None:
+                    fn_ = retainers[(nr, key, id(ref))] = _retainer(ref)
+                out.append(("tensor_pre_hook", nr, fn_))
+    pre = d.get("_pre_hooks")
+    if pre:
+        out += [("pre_hook", None, h) for h in pre.values()]
     if variable is not None and variable._post_accumulate_grad_hooks:
         out += [("post_acc_grad_hook", None, h)
                 for h in variable._post_accumulate_grad_hooks.values()]
-    out += [("post_hook", None, h) for h in (d.get("_post_hooks") or {}).values()]
+    post = d.get("_post_hooks")
+    if post:
+        out += [("post_hook", None, h) for h in post.values()]
     return out
 
 
@@ -565,12 +574,15 @@ def collect_roots(args, roots, position) -> None:
 def collect_node(args, fn, edges, runs=True):
     """One node's hooks, compiled args and edges."""
     args.node = fn
+    traced = False
     if _hooks.has_hooks(fn):
+        leaf = _hooks.leaf_of(fn)
         for kind, nr, h in node_hooks(fn):
             if runs or kind == "tensor_pre_hook":
-                args.collect_hook(kind, nr, h, _hooks.leaf_of(fn))
+                traced |= args.collect_hook(kind, nr, h, leaf)
     if runs:
-        fn.compiled_args(args)
+        if not traced:    # (a traced hook takes the gradient: nothing is accumulated)
+            fn.compiled_args(args)
         if engine.needs_validation(fn):
             # What user code must return: symbolic where dynamic, as the sizes
             # the returned gradients are checked against (tracer.visit).

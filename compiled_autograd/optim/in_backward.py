@@ -83,11 +83,6 @@ class UpdateHook:
         return f"<update of {type(self.owner.optimizer).__name__}>"
 
 
-def _traceable_array(a) -> bool:
-    flags = a.flags
-    return flags.c_contiguous and flags.writeable
-
-
 def _flags(group) -> dict:
     """The options of ``group`` a rule may branch on while traced (no floats:
     those are ``_scalars``, runtime values)."""
@@ -135,11 +130,17 @@ class OptimizerInBackward(Optimizer):
         opt = self.optimizer
         group = self.param_groups[self._group_of[id(p)]]
         state = opt.state.get(p, _NO_STATE)
+        data = p._data
         if (p.grad is not None or len(p._post_accumulate_grad_hooks) != 1
-                or not opt._state_ready(state, group) or p._data.dtype.kind != "f"
-                or not _traceable_array(p._data)
-                or not all(_traceable_array(t._data) for t in state.values())):
+                or data.dtype.kind != "f" or not opt._state_ready(state, group)):
             return False
+        flags = data.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return False
+        for t in state.values():
+            flags = t._data.flags
+            if not (flags.c_contiguous and flags.writeable):
+                return False
         # Once per backward and group: its flags, the list of the parameters
         # updated (whose eager calls' other effects run after it), and the floats'
         # positions if they do not depend on the state.
