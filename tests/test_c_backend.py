@@ -22,6 +22,7 @@ from codegen.c_ops import EMITTERS, LAYOUTS
 from codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.compiled.interpreter import Interpreter
+from runtime.kernels import MATH_HEADER
 from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from op_cases import CASES, make_inputs
@@ -540,7 +541,7 @@ def test_selects_evaluate_their_operands_unconditionally():
     # The guard of the test above on compilers that happen to get it right.
     for name in ("where", "masked_fill"):
         assert PRIMS[name].c.expr.startswith("ca_select_{{ sfx }}("), name
-    assert "ca_select_f(" in (TEMPLATES / "math.h.j2").read_text()
+    assert "ca_select_f(" in MATH_HEADER.read_text()
 
 
 @needs_cc
