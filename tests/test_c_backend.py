@@ -144,12 +144,14 @@ ASAN_SCRIPT = textwrap.dedent("""
     libs = list(Path(os.environ["CA_CACHE_DIR"]).glob("*.so"))
     # the two backward libraries, the C call that runs the MLP's backward (it has
     # no callbacks; the checkpointed one has), the saved values' hand-over
-    # (runtime/slots.c), the forward's C path (runtime/forward.c) and the threads
-    # library (runtime/cthreads.c), if OpenMP works
+    # (runtime/slots.c), the forward's C path (runtime/forward.c) and its kernels
+    # (runtime/kernels.c: GELU, layer_norm, softmax), and the threads library
+    # (runtime/cthreads.c), if OpenMP works
     threads = int(cthreads.openmp()[0])
-    assert len(libs) == 5 + threads, libs
+    assert len(libs) == 6 + threads, libs
     assert [sum(p.name.startswith(f"{m}_") for p in libs)
-            for m in ("_c_call", "_slots", "_forward", "ca_threads")] == [1, 1, 1, threads]
+            for m in ("_c_call", "_slots", "_forward", "_kernels", "ca_threads")
+            ] == [1, 1, 1, 1, threads]
     assert all(b"__asan_" in p.read_bytes() for p in libs), "not built with ASan"
     print("ASAN-OK")
 """ % (TRANSFORMER, MLP))
