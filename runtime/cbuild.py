@@ -397,7 +397,8 @@ def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
 
 # An extension of numerical loops (``optimize=True``: runtime/kernels.c) is built
 # as the generated C is: -O3, vectorised exp/erf (no errno, no trapping math), the
-# `omp simd` pragmas of its sums, the host's vector width (``arch_flags``); -std=c11 keeps -ffp-contract=off.
+# `omp simd` pragmas of its sums, the host's vector width (``arch_flags``);
+# -std=c11 keeps -ffp-contract=off.
 KERNEL_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
 
 

@@ -4,12 +4,13 @@
 into one translation unit, each behind a ``#line`` directive so that compiler
 messages name the right file), and the environment variable that turns it off
 (``=0``); ``optimize``: built as the generated C is (-O3, the host's vector
-width: ``cbuild.KERNEL_FLAGS``), for numerical loops. ``module()`` builds it with the system compiler against this
-interpreter's headers (``cbuild.build_extension``: the C backend's private
-cache, so a second process loads it without compiling) and imports it; without a
-compiler or the headers it returns None and ``status()`` says why, so the
-caller's Python code runs instead. Used by the C backend's call
-(``codegen.c_run``).
+width: ``cbuild.KERNEL_FLAGS``), for numerical loops. ``module()`` builds it with
+the system compiler against this interpreter's headers
+(``cbuild.build_extension``: the C backend's private cache, so a second process
+loads it without compiling) and imports it; without a compiler or the headers it
+returns None and ``status()`` says why, so the caller's Python code runs
+instead. Used by the C backend's call (``codegen.c_run``), the forward's C path
+(``runtime.forward``) and its kernels (``runtime.kernels``).
 """
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ static int last_dims(PyArrayObject *x, int k, npy_intp *rows, npy_intp *len)
 #define ROW_MAX(T, row, len, out) do { \
     T m_ = -INFINITY; int nan_ = 0; \
     _Pragma("omp simd reduction(max:m_) reduction(|:nan_)") \
-    for (npy_intp j = 0; j < (len); j++) { T v_ = (row)[j]; m_ = m_ > v_ ? m_ : v_; nan_ |= v_ != v_; } \
+    for (npy_intp j = 0; j < (len); j++) { \
+        T v_ = (row)[j]; m_ = m_ > v_ ? m_ : v_; nan_ |= v_ != v_; } \
     (out) = nan_ ? (T)NAN : m_; } while (0)
 
 /* softmax over the last dim: e = exp(x - max), e / sum(e); log: (x - max) - log(sum(e)). */
