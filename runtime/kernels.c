@@ -17,14 +17,15 @@
 
 /* x as a C-contiguous native float32/float64 ndarray (a new reference: x itself,
    or a contiguous copy), or NULL without an exception where the kernel does not
-   apply. */
+   apply (another dtype, byte-swapped, or misaligned: a view of a byte buffer). */
 static PyArrayObject *float_input(PyObject *x)
 {
     if (!PyArray_CheckExact(x))
         return NULL;
     PyArrayObject *a = (PyArrayObject *)x;
     int type = PyArray_TYPE(a);
-    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || !PyArray_ISNOTSWAPPED(a))
+    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || !PyArray_ISNOTSWAPPED(a)
+        || !PyArray_ISALIGNED(a))
         return NULL;
     return (PyArrayObject *)PyArray_GETCONTIGUOUS(a);
 }

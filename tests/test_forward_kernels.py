@@ -158,6 +158,19 @@ def test_empty_and_other_dtypes_go_to_numpy(native):
         native.gelu(y)
 
 
+def test_misaligned_arrays_go_to_numpy(native):
+    buf = np.zeros(4 * 12 + 1, np.uint8)
+    x = buf[1:].view(np.float32).reshape(3, 4)
+    x[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert not x.flags.aligned
+    assert native.gelu(x, False) is NotImplemented
+    assert native.softmax(x, 1, False) is NotImplemented
+    assert native.layer_norm(x, 1, 1e-5) is NotImplemented
+    np.testing.assert_array_equal(PRIMS["gelu"].kernel(x), gelu_numpy(x))
+    np.testing.assert_array_equal(PRIMS["layer_norm"].kernel(x, 1, 1e-5),
+                                  layer_norm_numpy(x, 1, 1e-5))
+
+
 def test_gelu_agrees_with_the_c_backends_bit_for_bit(native):
     """The forward's C GELU and the generated C's ca_gelu_f (built as the C backend
     builds its code: codegen's template loader, cbuild.build's flags) are the same
