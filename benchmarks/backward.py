@@ -176,9 +176,9 @@ def gemm_floor(case):
     import numpy as np
 
     import compiled_autograd as ca
-    from codegen.c import generate
-    from codegen.c_text import ENV
-    from runtime import cbuild, cthreads
+    from compiled_autograd.codegen.c import generate
+    from compiled_autograd.codegen.c_text import ENV
+    from compiled_autograd.runtime import cbuild, cthreads
     make_loss, _ = _ca_setup(case)
     gemms = generate(ca.trace_backward(make_loss()).graph).gemms
     rng = np.random.default_rng(0)
@@ -310,7 +310,7 @@ def _build_times():
 
 def _build_worker():
     import compiled_autograd as ca
-    from codegen.c_run import C_CALL, CBackward
+    from compiled_autograd.codegen.c_run import C_CALL, CBackward
     from compiled_autograd.examples import build
     graph = ca.trace_backward(build("transformer").loss()).graph
     C_CALL.module()     # built once per machine, not per backward: not timed here

@@ -46,7 +46,7 @@ def c_function_share(case, reps):
     the Python call path, where it is a ctypes call that can be wrapped."""
     import backward
     import compiled_autograd as ca
-    from codegen.c_run import C_CALL, CBackward
+    from compiled_autograd.codegen.c_run import C_CALL, CBackward
     make_loss, params = backward._ca_setup(case)
     inner = []
     original = CBackward.__call__
@@ -85,7 +85,7 @@ def c_function_share(case, reps):
 
 def sgemm(reps):
     import numpy as np
-    from runtime.cbuild import blas
+    from compiled_autograd.runtime.cbuild import blas
     lib = blas()
     name = lib.link[1:] if lib.link.startswith(":") else f"lib{lib.link}.so"
     f = getattr(ctypes.CDLL(os.path.join(lib.lib_dir, name)), lib.sgemm)
@@ -142,8 +142,8 @@ GELU_NAMES = {"libm": "libm erff+expf", "ca": "ca_erff+ca_expf",
 def gelu_loops(reps):
     """Medians of the three GELU-backward loops over 262,144 floats."""
     import numpy as np
-    from codegen.c import _ENV
-    from runtime import cbuild
+    from compiled_autograd.codegen.c import _ENV
+    from compiled_autograd.runtime import cbuild
     from tracer import median_time
     lib = cbuild.load(cbuild.build(_ENV.from_string(GELU_LOOPS).render())[0])
     x = np.random.default_rng(0).standard_normal(512 * 512).astype(np.float32) * 3
@@ -190,8 +190,8 @@ def statement_kind(text):
 
 def statement_kinds(case, reps):
     """{kind: [statements, seconds per backward]}, and the whole backward's median."""
-    from codegen import c as c_emitter
-    from runtime import cbuild
+    from compiled_autograd.codegen import c as c_emitter
+    from compiled_autograd.runtime import cbuild
     kinds = []
     emit, build, load = c_emitter.Emitter.emit, cbuild.build, cbuild.load
 

@@ -51,7 +51,7 @@ def _timed(sources, names):
 def c_steps(reps):
     """{node kind: (count, seconds per backward)}, total seconds per backward."""
     import c_breakdown
-    from runtime import cbuild
+    from compiled_autograd.runtime import cbuild
     names, libs = [], []
     build, load = cbuild.build, cbuild.load
     cbuild.build = lambda sources, *a, **k: build(_timed(sources, names), *a, **k)

@@ -37,7 +37,7 @@ def main():
     import torch
 
     import compiled_autograd as ca
-    from runtime.prims import PRIMS
+    from compiled_autograd.runtime.prims import PRIMS
     torch.set_num_threads(1)
     arrays, inputs = models.arrays(args.case)
     ca_loss, torch_loss = models.model(ca, args.case, inputs), models.model(torch, args.case, inputs)

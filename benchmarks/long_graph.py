@@ -23,9 +23,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import compiled_autograd as ca  # noqa: E402
-from codegen import c as c_codegen  # noqa: E402
-from codegen import python as py_codegen  # noqa: E402
-from runtime import cbuild  # noqa: E402
+from compiled_autograd.codegen import c as c_codegen  # noqa: E402
+from compiled_autograd.codegen import python as py_codegen  # noqa: E402
+from compiled_autograd.runtime import cbuild  # noqa: E402
 
 
 def simulate(steps):
@@ -91,7 +91,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("CA_CACHE_DIR", tempfile.mkdtemp(prefix="ca-long-graph-"))
     if "c" in args.backends.split(","):
-        from codegen.c_run import C_CALL
+        from compiled_autograd.codegen.c_run import C_CALL
         C_CALL.module()        # (built once per cache: not in the first row's hit)
     print(f"recursion limit {sys.getrecursionlimit()}; times in ms, then us per graph node")
     print(f"{'backend':8} {'steps':>6} {'nodes':>6} {'capture':>9} {'codegen':>9} "

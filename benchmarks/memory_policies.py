@@ -30,8 +30,8 @@ from compiled_autograd.autograd.recipe import ANY_BACKEND
 from compiled_autograd.compiled.api import backward_on
 from compiled_autograd.examples import build
 from compiled_autograd.planning.profile import prim_flops
-from runtime import memory as rt_memory
-from runtime import prims as rt_prims
+from compiled_autograd.runtime import memory as rt_memory
+from compiled_autograd.runtime import prims as rt_prims
 
 # (key, label, build() options)
 HAND_POLICIES = [

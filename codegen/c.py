@@ -33,16 +33,16 @@ from __future__ import annotations
 import jinja2
 import numpy as np
 
-from codegen import c_memory, c_ops, c_threads
-from codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
-from codegen.c_text import ENV as _ENV
-from codegen.c_text import Stmt, literal
-from codegen.python import _comment
+from compiled_autograd.codegen import c_memory, c_ops, c_threads
+from compiled_autograd.codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
+from compiled_autograd.codegen.c_text import ENV as _ENV
+from compiled_autograd.codegen.c_text import Stmt, literal
+from compiled_autograd.codegen.python import _comment
 from compiled_autograd.ir.graph import Node
 from compiled_autograd.ir.symbolic import SymFloat, SymInt
-from runtime.cbuild import array_data_offset, blas
-from runtime.lowering import SAME_LOOP
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.cbuild import array_data_offset, blas
+from compiled_autograd.runtime.lowering import SAME_LOOP
+from compiled_autograd.runtime.prims import PRIMS
 
 _EXPR_CACHE: dict[str, jinja2.Template] = {}
 
@@ -103,7 +103,7 @@ class CProgram:
         self.ext_storages: list = []
         self.plan = None              # the arena plan (None if it depends on sizes)
         self.cuts: list = []          # the callbacks' steps, sorted
-        self.block_of: list = []      # per arena storage: its block (see codegen.arena)
+        self.block_of: list = []      # per arena storage: its block (see compiled_autograd.codegen.arena)
         self.windows: list = []       # per block: (open, close) callback ordinals
         self.call_block = None        # the block held for the whole call (`arena`), if any
         self.dynamic = False

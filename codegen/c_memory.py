@@ -1,14 +1,14 @@
 """Where the C backend's buffers live, decided once the graph has been emitted:
 output arrays allocated as late as the callbacks allow, and the arena plan with
-its blocks (``codegen.arena``). (A loop writing over a dying input is decided
+its blocks (``compiled_autograd.codegen.arena``). (A loop writing over a dying input is decided
 before its C is rendered: ``Emitter.reuse_dying_input``.) Each pass reads the
-program (``codegen.c.CProgram``) and appends the pointer assignments it needs to
+program (``compiled_autograd.codegen.c.CProgram``) and appends the pointer assignments it needs to
 ``stmts`` as ``c_text.Stmt`` records."""
 from __future__ import annotations
 
-from codegen import arena as arena_plan
-from codegen.c_layout import ctype
-from codegen.c_text import Stmt
+from compiled_autograd.codegen import arena as arena_plan
+from compiled_autograd.codegen.c_layout import ctype
+from compiled_autograd.codegen.c_text import Stmt
 
 
 def allocate_outputs_late(prog, stmts):
@@ -31,7 +31,7 @@ def allocate_outputs_late(prog, stmts):
 
 
 def plan_arena_blocks(prog, stmts):
-    """The arena plan (``codegen.arena``), with the callbacks' steps as its cuts.
+    """The arena plan (``compiled_autograd.codegen.arena``), with the callbacks' steps as its cuts.
     A buffer in a block opened at a callback gets its pointer after that
     callback, which allocated the block. Returns those buffers. (A dynamic
     graph's plan depends on its sizes: the runner makes it per call, with

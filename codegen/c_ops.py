@@ -1,5 +1,5 @@
 """C for one graph node, by the *kind* of its prim's lowering (``prim.c``, a
-``runtime.lowering`` record): ``EMITTERS[kind](emitter, node, lowering)``
+``compiled_autograd.runtime.lowering`` record): ``EMITTERS[kind](emitter, node, lowering)``
 appends the node's statements and records its value. The record gives the
 template file and the facts its kind needs; no emitter here knows a prim by
 name. Elementwise prims share one loop template (their expression is the
@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
+from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
                               expanded, mul, permuted, prod, reshaped, sliced)
-from codegen.c_text import render as _render
-from codegen.c_threads import HEAVY, cost, pragma, work
+from compiled_autograd.codegen.c_text import render as _render
+from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
 
 
 def emit(e, node, lowering):
@@ -412,7 +412,7 @@ def _index_like(e, node, low):
     e.vals[node] = out
 
 
-# Lowering kind (``runtime.lowering``) -> its emitter.
+# Lowering kind (``compiled_autograd.runtime.lowering``) -> its emitter.
 EMITTERS = {
     "elementwise": _elementwise, "view": _view, "reduction": _reduce, "argreduce": _argmax,
     "gemm": _matmul, "gemm_bias": _linear, "row_softmax": _softmax, "row_normalize": _layer_norm,

@@ -1,7 +1,7 @@
 """Running a compiled C backward: the boxed inputs in, callbacks, gradients out.
 
-``CBackward(graph)`` generates the C (``codegen.c``), builds and loads it
-(``runtime.cbuild``) and is called like every backend:
+``CBackward(graph)`` generates the C (``compiled_autograd.codegen.c``), builds and loads it
+(``compiled_autograd.runtime.cbuild``) and is called like every backend:
 ``fn(inputs, sizes, scalars, hooks, packed_data)``. A call takes the input arrays
 out of the boxed list (C-contiguous, checked against the traced shapes), allocates
 the arena and the output arrays, and calls ``ca_backward``. At each callback site
@@ -14,7 +14,7 @@ A program without callbacks (no hooks, nothing released early), with a static
 memory plan and whole output arrays as its gradients -- the common case -- is
 called in C instead: ``c_call.c``'s Runner does the same steps, in the same
 order, without the Python glue (benchmarks/c_breakdown.py times both calls).
-It is built once per machine like the cache hit's walk (``runtime.extension``);
+It is built once per machine like the cache hit's walk (``compiled_autograd.runtime.extension``);
 without a compiler for it, with ``CA_C_CALL=0``, or while ``ca.memory.profile()``
 records, the Python code below runs.
 
@@ -33,15 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen import arena as arena_plan
-from codegen.c import generate
-from codegen.c_layout import Val, value_of
-from codegen.python import compile_graph as python_backend
+from compiled_autograd.codegen import arena as arena_plan
+from compiled_autograd.codegen.c import generate
+from compiled_autograd.codegen.c_layout import Val, value_of
+from compiled_autograd.codegen.python import compile_graph as python_backend
 from compiled_autograd.autograd.node import accumulate_into
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import resolve
-from runtime import cbuild, cthreads, memory
-from runtime.extension import Extension
+from compiled_autograd.runtime import cbuild, cthreads, memory
+from compiled_autograd.runtime.extension import Extension
 
 C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),), "the C call",
                    "CA_C_CALL", numpy_headers=True)
@@ -140,7 +140,7 @@ class CBackward:
                             for s in prog.out_storages]
         late = {s for site in prog.sites for s in site.alloc}
         self._outs_at_start = [s for s in prog.out_storages if s not in late]
-        # Arena blocks (codegen.arena): the one held for the whole call is the
+        # Arena blocks (compiled_autograd.codegen.arena): the one held for the whole call is the
         # `arena` argument; every other is allocated at the start of the call or at
         # the end of the callback that opens it (site.open_blocks), and dropped at
         # the start of the callback that closes it (site.close_blocks).
@@ -395,7 +395,7 @@ class CBackward:
                        else np.empty(max(plan.block_sizes[call_block], 1), np.uint8))
         if frame.arena is not None and memory.active():
             memory.on_array(frame.arena, "c_arena", "temporary")
-        # The C reads each array's data pointer from its object (runtime.cbuild);
+        # The C reads each array's data pointer from its object (compiled_autograd.runtime.cbuild);
         # the outputs and arena blocks allocated at a callback are filled in there.
         n_out = len(prog.out_storages)
         frame.outs = [None] * n_out

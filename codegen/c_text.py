@@ -1,5 +1,5 @@
-"""The C backend's text pieces shared by the emitter (``codegen.c``), the
-per-kind lowerings (``codegen.c_ops``) and the memory passes (``codegen.c_memory``):
+"""The C backend's text pieces shared by the emitter (``compiled_autograd.codegen.c``), the
+per-kind lowerings (``compiled_autograd.codegen.c_ops``) and the memory passes (``compiled_autograd.codegen.c_memory``):
 the templates under ``templates/c/``, the statement record, and how a Python
 constant reads in C."""
 from __future__ import annotations
@@ -9,15 +9,15 @@ from typing import NamedTuple
 
 import jinja2
 
-from codegen.c_layout import c_expr
+from compiled_autograd.codegen.c_layout import c_expr
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
-from runtime.kernels import MATH_HEADER
+from compiled_autograd.runtime.kernels import MATH_HEADER
 
 # The templates, and runtime's plain-C headers (ca_math.h: the math helpers that the
 # forward's C kernels share), pasted in by ``{% include %}``, so their text is part
 # of each generated library's source and hash.
 ENV = jinja2.Environment(loader=jinja2.ChoiceLoader([
-                             jinja2.PackageLoader("codegen", "templates/c"),
+                             jinja2.PackageLoader("compiled_autograd.codegen", "templates/c"),
                              jinja2.FileSystemLoader(str(MATH_HEADER.parent))]),
                          autoescape=False, keep_trailing_newline=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True,

@@ -10,7 +10,7 @@ outlined once and run by a team of one or more), so the results are bitwise the
 same at any thread count.
 
 The pragma goes through ``CA_OMP(...)`` (templates/c/prelude.c.j2): an
-``_Pragma`` with ``-fopenmp``, nothing without (``runtime.cbuild.openmp``), so the
+``_Pragma`` with ``-fopenmp``, nothing without (``compiled_autograd.runtime.cbuild.openmp``), so the
 source is one and the build decides. ``ca_nt`` is the team size, read from the
 BLAS at each call (templates/c/backward.c.j2).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from codegen.c_layout import c_expr, mul, prod
+from compiled_autograd.codegen.c_layout import c_expr, mul, prod
 
 # Below this much work a loop stays on the calling thread: starting a team and
 # waiting for it costs about what a thread gains on this many simple elements

@@ -5,7 +5,7 @@ graph nodes into structured lines for it. Every value is dropped right after its
 last use (``Graph.last_uses``, the liveness analysis the interpreter uses too).
 Kernels, hook callers and constants are globals of the generated function, never
 pasted as text; user-controlled strings (autograd node names of custom Functions)
-only reach comments, sanitised. ``runtime.loader`` compiles it and registers it
+only reach comments, sanitised. ``compiled_autograd.runtime.loader`` compiles it and registers it
 with ``linecache``, so a traceback shows the generated line.
 
 Two functions share one code object: one calling the kernels directly, one calling
@@ -26,11 +26,11 @@ import jinja2
 from compiled_autograd.ir.graph import Node, fresh_and_only_here
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
-from runtime import memory
-from runtime.loader import load_python
-from runtime.prims import PRIMS, run_kernel
+from compiled_autograd.runtime import memory
+from compiled_autograd.runtime.loader import load_python
+from compiled_autograd.runtime.prims import PRIMS, run_kernel
 
-_ENV = jinja2.Environment(loader=jinja2.PackageLoader("codegen", "templates"),
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd.codegen", "templates"),
                           autoescape=False, keep_trailing_newline=True,
                           undefined=jinja2.StrictUndefined)
 

@@ -5,7 +5,7 @@ The API mirrors torch: ``ca.tensor(..., requires_grad=True)``, ops on Tensors,
 """
 import numpy as _np
 
-import runtime as _runtime  # noqa: F401  (fills the prim table)
+import compiled_autograd.runtime as _runtime  # noqa: F401  (fills the prim table)
 from compiled_autograd.autograd import tensor_methods as _tensor_methods
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.factory import (arange, cat, from_numpy, full, maximum, minimum,

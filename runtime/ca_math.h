@@ -1,6 +1,6 @@
 /* Plain-C math helpers: float exp, erf, GELU and its derivative, selects and
    extrema. Shared by the C backend's generated code (codegen/templates/c/
-   prelude.c.j2 pastes this file in, through codegen.c_text's template loader,
+   prelude.c.j2 pastes this file in, through compiled_autograd.codegen.c_text's template loader,
    so the text is part of each library's hash) and by the forward's C kernels
    (runtime/kernels.c). Runtime owns it: runtime must not include from codegen. */
 #ifndef CA_MATH_H
@@ -19,7 +19,7 @@
 #endif
 /* Each helper comes as _f (float), _d (double) and, where an integer type can reach
    it, _i; the code generator picks the suffix from the computation's type
-   (codegen.c: sfx). No _Generic macro: a macro writes its argument out again to
+   (compiled_autograd.codegen.c: sfx). No _Generic macro: a macro writes its argument out again to
    pick the type, so nested calls (a chain of fused relus) grew the source
    exponentially. A helper of floats only maps _i to its double version. */
 #define CA_NAN_FIRST(a, b, pick) ((a) != (a) ? (a) : (b) != (b) ? (b) : (pick))

@@ -24,7 +24,7 @@ The generated loops run on several threads through OpenMP (``-fopenmp``, GCC's
 libgomp) where the compiler can build and link an OpenMP library: ``openmp()``
 finds out once (building the threads library, ``cthreads.c``) and says why not
 otherwise, and the build then goes on without (one thread, the same source). The
-flags are part of the command, so of the library's name. ``runtime.cthreads``
+flags are part of the command, so of the library's name. ``compiled_autograd.runtime.cthreads``
 runs the BLAS on the same threads.
 
 Each library has a content hash beside it (``<library>.sha256``: the SHA-256 of
@@ -38,7 +38,7 @@ build interrupted between the two) is rebuilt quietly.
 Every failure to build or load C raises ``CBuildError`` saying what to do: a
 missing compiler or a failed build (naming the command and quoting the
 compiler's stderr), a cache directory that cannot be created or written, a
-library that does not load. ``CA_C_FALLBACK=python`` (``codegen.c_run``) turns
+library that does not load. ``CA_C_FALLBACK=python`` (``compiled_autograd.codegen.c_run``) turns
 each of them into a warning and the Python backend.
 
 Arrays are handed to the generated code as the addresses of their ndarray objects
@@ -68,7 +68,7 @@ WARNING_FLAGS = ("-Wall", "-Wextra")
 # it GCC will not turn the selects of the inline exp/erf into vector blends.
 # (-std=c11 keeps -ffp-contract=off: no a*b+c is fused behind numpy's back.)
 # -fopenmp-simd: the `omp simd` pragmas of the sum loops; -fopenmp (OPENMP_FLAGS,
-# where runtime.cthreads finds that it works) adds the threads of the others.
+# where compiled_autograd.runtime.cthreads finds that it works) adds the threads of the others.
 OPT_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd", "-fPIC",
              "-shared", "-std=c11")
 OPENMP_FLAGS = ("-fopenmp",)
@@ -236,7 +236,7 @@ _threads: dict = {}      # compiler -> (enabled, status, the loaded threads libr
 def openmp() -> tuple[bool, str]:
     """(whether generated code is built with OpenMP, a one-line status saying why
     or why not). Found once per process and compiler: the threads library
-    (``cthreads.c``, used by ``runtime.cthreads``) must build with ``-fopenmp``,
+    (``cthreads.c``, used by ``compiled_autograd.runtime.cthreads``) must build with ``-fopenmp``,
     load (libgomp found) and run a parallel region. ``CA_C_OPENMP=0``: off."""
     enabled, status, _ = threads_library()
     return enabled, status

@@ -1,6 +1,6 @@
 """Threads of the C backend: whether the generated loops get OpenMP, and one pool.
 
-``openmp()`` (``runtime.cbuild``'s) says, once per process and compiler, whether
+``openmp()`` (``compiled_autograd.runtime.cbuild``'s) says, once per process and compiler, whether
 generated code is built with ``-fopenmp``: the threads library (``cthreads.c``)
 must build with it, load (libgomp found) and run a parallel region. Otherwise, or
 with ``CA_C_OPENMP=0``, the code is built without and runs on the calling thread;
@@ -33,7 +33,7 @@ import os
 import re
 import threading
 
-from runtime import cbuild
+from compiled_autograd.runtime import cbuild
 
 _lock = threading.Lock()
 _shared = None            # the BLAS callback: None (not tried), or its status line

@@ -9,8 +9,8 @@ the system compiler against this interpreter's headers
 (``cbuild.build_extension``: the C backend's private cache, so a second process
 loads it without compiling) and imports it; without a compiler or the headers it
 returns None and ``status()`` says why, so the caller's Python code runs
-instead. Used by the C backend's call (``codegen.c_run``), the forward's C path
-(``runtime.forward``) and its kernels (``runtime.kernels``).
+instead. Used by the C backend's call (``compiled_autograd.codegen.c_run``), the forward's C path
+(``compiled_autograd.runtime.forward``) and its kernels (``compiled_autograd.runtime.kernels``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cbuild import CBuildError, build_extension
+from compiled_autograd.runtime.cbuild import CBuildError, build_extension
 
 log = logging.getLogger("compiled_autograd")
 

@@ -2,13 +2,13 @@
 result and its backward node, made without a Python call per field. The front end
 configures it (compiled_autograd/autograd/dispatch.py, whose
 ``apply_prim_reference`` is the reference and takes every uncommon case). Built on
-first use (``runtime.extension``); without a compiler, or with ``CA_C_FORWARD=0``,
+first use (``compiled_autograd.runtime.extension``); without a compiler, or with ``CA_C_FORWARD=0``,
 ``forward`` returns None and the Python reference runs."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.extension import Extension
+from compiled_autograd.runtime.extension import Extension
 
 FORWARD = Extension("_forward", (Path(__file__).with_name("forward.c"),),
                     "the forward's C path", "CA_C_FORWARD", numpy_headers=True)

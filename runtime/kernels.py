@@ -6,7 +6,7 @@ The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
 two (values, dtypes, layouts, empty arrays, NaN and infinities).
 
 Part of the forward's C path: built on first use like ``forward.c``
-(``runtime.extension``, optimised as the generated C is), and turned off with it by
+(``compiled_autograd.runtime.extension``, optimised as the generated C is), and turned off with it by
 ``CA_C_FORWARD=0`` (then every prim runs its numpy kernel), or where it cannot be
 built. The math (``ca_math.h``) is the C backend's own: runtime owns the header and
 codegen pastes it into the generated code."""
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.extension import Extension
+from compiled_autograd.runtime.extension import Extension
 
 HERE = Path(__file__).parent
 MATH_HEADER = HERE / "ca_math.h"

@@ -78,7 +78,7 @@ class Reduction(Lowering):
 
 class View(Lowering):
     """No code: the result is a new layout over its input's storage. ``layout``
-    names how the strides change (after ``codegen.c_layout``'s functions):
+    names how the strides change (after ``compiled_autograd.codegen.c_layout``'s functions):
     "permuted", "expanded", "sliced", "reshaped" (a copy first when the input
     is not contiguous), "strided"."""
 

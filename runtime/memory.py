@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime import prims
+from compiled_autograd.runtime import prims
 
 CATEGORIES = ("parameter", "activation", "saved", "recomputed", "reloaded", "gradient",
               "temporary")

@@ -3,7 +3,7 @@
 Each prim declares, in one place, its name, its numpy kernel, its shape/dtype rule
 (``meta``), what its derivative needs saved (``save``), its derivative (``vjp``)
 written in prims, whether its result aliases its input (``view``), how it lowers to C
-(``c``: a record of ``runtime.lowering`` -- an elementwise expression, a reduction,
+(``c``: a record of ``compiled_autograd.runtime.lowering`` -- an elementwise expression, a reduction,
 a view's layout, a kernel template -- that the C backend dispatches on) and which
 of its params index dims rather than give sizes (``index_params``: a cache key
 holds them by value, never as symbolic sizes). The definitions live in
@@ -28,7 +28,7 @@ import numpy as np
 PRIMS: dict[str, "Prim"] = {}
 
 # Called as hook(prim, out, args) after every kernel while memory is being
-# accounted (runtime.memory installs it); None otherwise.
+# accounted (compiled_autograd.runtime.memory installs it); None otherwise.
 _kernel_hook = None
 
 
@@ -113,7 +113,7 @@ ops = Ops()
 def prim(name, *, meta, c, save: SaveSpec = (), view=False, differentiable=True,
          index_params=(), method=None):
     """Decorator that turns a numpy kernel into a registered prim. ``c`` (its C
-    lowering, a ``runtime.lowering`` record) has no default: a prim without one
+    lowering, a ``compiled_autograd.runtime.lowering`` record) has no default: a prim without one
     fails here, not when the C backend first meets it. ``method``: the prim is also
     ``x.<name>()`` and ``ca.<name>(x)`` -- "plain", or "float" (an integer input is
     promoted to the default float first, as torch's exp)."""

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 
-from runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
+from compiled_autograd.runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
                            elementwise_meta, is_scalar, ops, prim, same_meta, shape_of, sum_to)
-from runtime.kernels import native
-from runtime.lowering import Elementwise
-from runtime.special import erf as _erf
+from compiled_autograd.runtime.kernels import native
+from compiled_autograd.runtime.lowering import Elementwise
+from compiled_autograd.runtime.special import erf as _erf
 
 # ---------------------------------------------------------------- unary
 

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from runtime.lowering import Reduction, Template
-from runtime.kernels import native
-from runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
+from compiled_autograd.runtime.lowering import Reduction, Template
+from compiled_autograd.runtime.kernels import native
+from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
 def _reduced_shape(shape, dims, keepdim):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.lowering import Template, View
-from runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
+from compiled_autograd.runtime.lowering import Template, View
+from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, prim, sum_to
 
 # ---------------------------------------------------------------- views
 

@@ -29,7 +29,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh, empty C build cache for this test. (The project's own extension,
     the C backend's call, is loaded first, from the usual cache: this one holds
     only what the test builds.)"""
-    from codegen.c_run import C_CALL
+    from compiled_autograd.codegen.c_run import C_CALL
     C_CALL.module()
     path = tmp_path / "cache"
     monkeypatch.setenv("CA_CACHE_DIR", str(path))

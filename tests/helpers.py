@@ -17,7 +17,7 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is no
 def _has_cc():
     import shutil
 
-    from runtime import cbuild
+    from compiled_autograd.runtime import cbuild
     return shutil.which(cbuild.compiler().split()[0]) is not None
 
 

@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen import arena
-from codegen.c import generate
-from codegen.c_ops import EMITTERS, LAYOUTS
-from codegen.c_run import CBackward
+from compiled_autograd.codegen import arena
+from compiled_autograd.codegen.c import generate
+from compiled_autograd.codegen.c_ops import EMITTERS, LAYOUTS
+from compiled_autograd.codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.compiled.interpreter import Interpreter
-from runtime.kernels import MATH_HEADER
+from compiled_autograd.runtime.kernels import MATH_HEADER
 from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from op_cases import CASES, make_inputs
-from runtime import cbuild
-from runtime.prims import PRIMS
+from compiled_autograd.runtime import cbuild
+from compiled_autograd.runtime.prims import PRIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "codegen" / "templates" / "c"
@@ -130,7 +130,7 @@ ASAN_SCRIPT = textwrap.dedent("""
     import numpy as np
     import compiled_autograd as ca
     from compiled_autograd.examples import build
-    from runtime import cthreads
+    from compiled_autograd.runtime import cthreads
 
     def grads(name, sizes, compiled):
         ex = build(name, **sizes)
@@ -221,7 +221,7 @@ def test_two_processes_building_the_same_source_at_once(cache, tmp_path):
     go = tmp_path / "go"
     script = textwrap.dedent(f"""
         import os, time
-        from runtime import cbuild
+        from compiled_autograd.runtime import cbuild
         while not os.path.exists({str(go)!r}):
             time.sleep(0.005)
         path, built = cbuild.build("int ca_answer(void) {{ return 42; }}\\n")

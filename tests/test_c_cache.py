@@ -16,7 +16,7 @@ import pytest
 
 import compiled_autograd as ca
 from helpers import needs_cc
-from runtime import cbuild
+from compiled_autograd.runtime import cbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 

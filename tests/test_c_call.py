@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_run import C_CALL, CBackward, release_memory
+from compiled_autograd.codegen.c_run import C_CALL, CBackward, release_memory
 from compiled_autograd.compiled import api as compiled
 from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
@@ -288,7 +288,7 @@ def test_an_error_the_c_detects_gives_the_python_paths_error():
 # ---------------------------------------------------------------- building it
 
 def test_the_call_compiles_without_warnings(tmp_path):
-    from runtime import cbuild
+    from compiled_autograd.runtime import cbuild
     src = tmp_path / "call.c"
     src.write_text(C_CALL.source())
     done = subprocess.run(cbuild.extension_command(str(src), str(tmp_path / "call.so"),
@@ -298,7 +298,7 @@ def test_the_call_compiles_without_warnings(tmp_path):
 
 
 def test_switched_off_by_its_environment_variable():
-    assert status_with("CA_C_CALL", "codegen.c_run", "C_CALL") == \
+    assert status_with("CA_C_CALL", "compiled_autograd.codegen.c_run", "C_CALL") == \
         "None python: disabled by CA_C_CALL=0"
 
 

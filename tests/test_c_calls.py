@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_run import CBackward
+from compiled_autograd.codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
-from runtime import cbuild
+from compiled_autograd.runtime import cbuild
 
 pytestmark = pytest.mark.usefixtures("fresh_compiled_cache")
 
@@ -130,7 +130,7 @@ def test_gradients_are_allocated_as_the_backward_reaches_them():
 
 @needs_cc
 def test_arena_blocks_are_freed_at_the_callbacks_that_close_them():
-    """With callbacks, the arena is blocks (codegen.arena): each freed at the first
+    """With callbacks, the arena is blocks (compiled_autograd.codegen.arena): each freed at the first
     callback after its buffers' last use, not all held to the end."""
     ex = build("transformer", layers=2, d_model=16, heads=2, seq=8, batch=2, vocab=20,
                checkpoint="layer")

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from codegen.c import _ENV
-from runtime import cbuild
+from compiled_autograd.codegen.c import _ENV
+from compiled_autograd.runtime import cbuild
 
 pytestmark = pytest.mark.skipif(shutil.which(cbuild.compiler().split()[0]) is None,
                                 reason="no C compiler")

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen import c_threads
+from compiled_autograd.codegen import c_threads
 from helpers import needs_cc
-from runtime import cbuild, cthreads
+from compiled_autograd.runtime import cbuild, cthreads
 
 pytestmark = [needs_cc, pytest.mark.usefixtures("fresh_compiled_cache")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def _run(script, **env):
 GRADS = """
     import numpy as np
     import compiled_autograd as ca
-    from runtime import cthreads
+    from compiled_autograd.runtime import cthreads
     rng = np.random.default_rng(0)
     x = ca.tensor(rng.standard_normal((2048, 96)), requires_grad=True)
     w = ca.tensor(rng.standard_normal((96, 96)), requires_grad=True)
@@ -175,7 +175,7 @@ GRADS = """
 
 def test_without_openmp_the_build_goes_on_and_says_why(tmp_path):
     out = _run(GRADS + """
-    from runtime import cbuild
+    from compiled_autograd.runtime import cbuild
     assert "-fopenmp" not in cbuild.command("a.c", "a.so")
     for c, e in zip(grads(True), grads(False)):
         np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-5)
@@ -209,7 +209,7 @@ def test_blas_jobs_on_the_openmp_pool_give_numpy_the_same_bits(tmp_path):
     _needs_openmp()
     out = _run("""
     import numpy as np
-    from runtime import cthreads
+    from compiled_autograd.runtime import cthreads
     rng = np.random.default_rng(0)
     a = rng.standard_normal((700, 600)).astype(np.float32)
     b = rng.standard_normal((600, 500)).astype(np.float32)

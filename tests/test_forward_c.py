@@ -10,7 +10,7 @@ import compiled_autograd as ca
 from compiled_autograd.autograd import dispatch
 from compiled_autograd.autograd.node import Node, SavedVariable
 from compiled_autograd.autograd.tensor_base import TensorBase
-from runtime import forward as c_forward
+from compiled_autograd.runtime import forward as c_forward
 
 from fuzz_programs import Replay, generate
 from op_cases import CASES, make_inputs
@@ -228,7 +228,7 @@ def test_no_half_made_tuple_is_seen_by_a_garbage_collection(fast):
 def test_an_operand_given_by_keyword_fails_as_the_reference(fast):
     """A save spec reads an argument the call did not give positionally."""
     x = ca.tensor(np.ones((2, 3)), requires_grad=True)
-    from runtime.prims import ops
+    from compiled_autograd.runtime.prims import ops
     errors = []
     for path in ("c", "reference"):
         with pytest.raises(Exception) as info:
@@ -254,7 +254,7 @@ def test_a_config_the_c_cannot_write_safely_is_refused(fast):
     reads a prim's kernel at an offset: a node class of another kind, or a key that
     is not a prim, is a TypeError when it is made, not memory written wrongly."""
     from compiled_autograd.autograd.tensor import Tensor
-    from runtime.prims import PRIMS
+    from compiled_autograd.runtime.prims import PRIMS
     config = list(dispatch.forward_config(Tensor))
     at = next(i for i, c in enumerate(config) if isinstance(c, dict) and PRIMS["mul"] in c)
     for plans, message in (({PRIMS["mul"]: (int, False, True, ())}, "subclass"),

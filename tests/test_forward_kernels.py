@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_text import ENV
-from runtime import cbuild, kernels
-from runtime.prims import PRIMS
-from runtime.prims_elementwise import gelu_numpy
-from runtime.prims_reduce import layer_norm_numpy, log_softmax_numpy, softmax_numpy
+from compiled_autograd.codegen.c_text import ENV
+from compiled_autograd.runtime import cbuild, kernels
+from compiled_autograd.runtime.prims import PRIMS
+from compiled_autograd.runtime.prims_elementwise import gelu_numpy
+from compiled_autograd.runtime.prims_reduce import layer_norm_numpy, log_softmax_numpy, softmax_numpy
 
 from helpers import BACKENDS, needs_cc
 
@@ -190,9 +190,9 @@ def test_gelu_agrees_with_the_c_backends_bit_for_bit(native):
 
 def test_ca_c_forward_0_turns_the_kernels_off(tmp_path):
     code = ("import numpy as np\n"
-            "from runtime import kernels\n"
-            "from runtime.prims import PRIMS\n"
-            "from runtime.prims_elementwise import gelu_numpy\n"
+            "from compiled_autograd.runtime import kernels\n"
+            "from compiled_autograd.runtime.prims import PRIMS\n"
+            "from compiled_autograd.runtime.prims_elementwise import gelu_numpy\n"
             "x = np.linspace(-5, 5, 1001).astype(np.float32)\n"
             "assert kernels.native('gelu') is None\n"
             "assert np.array_equal(PRIMS['gelu'].kernel(x), gelu_numpy(x))\n"

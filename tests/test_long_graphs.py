@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen import c as c_codegen
+from compiled_autograd.codegen import c as c_codegen
 from helpers import needs_cc
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_run import CBackward
+from compiled_autograd.codegen.c_run import CBackward
 from compiled_autograd.autograd.recipe import ANY_BACKEND, Kept, describe_backend
 from compiled_autograd.examples import build
 from compiled_autograd.planning.plan import MemoryPlan

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from codegen.c_ops import EMITTERS, LAYOUTS
-from codegen.c_run import compile_graph
+from compiled_autograd.codegen.c_ops import EMITTERS, LAYOUTS
+from compiled_autograd.codegen.c_run import compile_graph
 from compiled_autograd.autograd.node import NODE_CLASSES, PrimBackward
 from helpers import needs_cc
 from op_cases import CASES, make_inputs
-from runtime.lowering import Elementwise, Lowering
-from runtime.prims import PRIMS, elementwise_meta, ops, prim, same_meta
+from compiled_autograd.runtime.lowering import Elementwise, Lowering
+from compiled_autograd.runtime.prims import PRIMS, elementwise_meta, ops, prim, same_meta
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "codegen" / "templates" / "c"
 

@@ -12,7 +12,7 @@ import compiled_autograd as ca
 from compiled_autograd.memory import report
 from compiled_autograd.examples import build
 from compiled_autograd.memory.schedule import Step
-from runtime.memory import CATEGORIES, Event
+from compiled_autograd.runtime.memory import CATEGORIES, Event
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from compiled_autograd.autograd import node as _node
 from compiled_autograd.autograd.node import SavedVariable
 from compiled_autograd.autograd.tensor_base import TensorBase
 from compiled_autograd.compiled import compiled_args
-from runtime import slots
+from compiled_autograd.runtime import slots
 
 from helpers import BACKENDS
 

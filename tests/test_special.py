@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from runtime.special import erf
+from compiled_autograd.runtime.special import erf
 
 SPECIAL = [0.0, -0.0, 1e-300, 0.5, 1.0, 2.0, 5.9, 6.0, 26.6, 27.0, 1e300,
            np.inf, -np.inf, np.nan]

@@ -39,7 +39,7 @@ def test_no_array_shape_is_set_in_place():
 
 
 def test_a_deprecation_from_the_projects_code_fails_the_suite():
-    for module in ("compiled_autograd.autograd.graph", "runtime.prims", "codegen.c"):
+    for module in ("compiled_autograd.autograd.graph", "compiled_autograd.runtime.prims", "compiled_autograd.codegen.c"):
         with pytest.raises(DeprecationWarning):
             warnings.warn_explicit("deprecated", DeprecationWarning, "x.py", 1, module=module)
     with pytest.warns(DeprecationWarning):    # another package's: reported, not an error

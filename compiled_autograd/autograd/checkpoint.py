@@ -36,8 +36,8 @@ from compiled_autograd.autograd.function import Function
 from compiled_autograd.autograd.grad_mode import enable_grad, is_grad_enabled, set_grad_enabled
 from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.autograd.node import SavedVariable
-from runtime import memory
-from runtime.prims import run_kernel
+from compiled_autograd.runtime import memory
+from compiled_autograd.runtime.prims import run_kernel
 
 
 class CheckpointError(RuntimeError):

@@ -16,8 +16,8 @@ import weakref
 import numpy as np
 
 from compiled_autograd.autograd import dispatch
-from runtime import prims as _prims
-from runtime.prims import run_kernel
+from compiled_autograd.runtime import prims as _prims
+from compiled_autograd.runtime.prims import run_kernel
 
 # Frames from these folders are the machinery, not the user's code.
 _LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(f)) + os.sep

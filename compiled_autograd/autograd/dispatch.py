@@ -18,10 +18,10 @@ from compiled_autograd.autograd.hooks import move_retain_grad
 from compiled_autograd.autograd.node import (NODE_CLASSES, CopySlices, SavedVariable,
                                              grad_accumulator, gradient_edge, node_class)
 from compiled_autograd.autograd.tensor_base import TensorBase, VersionCounter
-from runtime import forward as _c_forward
-from runtime import memory as _rt_memory
-from runtime import prims as _prims
-from runtime.prims import run_kernel
+from compiled_autograd.runtime import forward as _c_forward
+from compiled_autograd.runtime import memory as _rt_memory
+from compiled_autograd.runtime import prims as _prims
+from compiled_autograd.runtime.prims import run_kernel
 
 
 _OUT = object()  # stands for a saved output until the result Tensor exists

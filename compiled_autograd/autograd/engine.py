@@ -35,8 +35,8 @@ from compiled_autograd.autograd import reentrant as _reentrant
 from compiled_autograd.autograd import grad_mode as _grad_mode
 from compiled_autograd.autograd.node import accumulate_into, gradient_edge
 from compiled_autograd.autograd.tensor_base import TensorBase
-from runtime import memory as _rt_memory
-from runtime.prims import broadcast_shapes, ops, sum_to
+from compiled_autograd.runtime import memory as _rt_memory
+from compiled_autograd.runtime.prims import broadcast_shapes, ops, sum_to
 
 
 def _shape_str(shape):

@@ -9,7 +9,7 @@ from compiled_autograd.autograd import random as _random
 from compiled_autograd.autograd import tensor_methods as _methods
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.tensor_base import DEFAULT_FLOAT
-from runtime import memory
+from compiled_autograd.runtime import memory
 
 
 def _dtype(dtype):

@@ -19,9 +19,9 @@ from compiled_autograd.autograd.engine import validate
 from compiled_autograd.autograd.grad_mode import is_grad_enabled, no_grad
 from compiled_autograd.autograd.node import Node, SavedVariable, gradient_edge
 from compiled_autograd.autograd.tensor import Tensor
-from runtime import memory
-from runtime.memory import on_array
-from runtime.prims import ops
+from compiled_autograd.runtime import memory
+from compiled_autograd.runtime.memory import on_array
+from compiled_autograd.runtime.prims import ops
 
 # Attributes of the node itself; anything else on ctx is the user's.
 _NODE_ATTRS = {"next_functions", "input_metadata", "needs_input_grad", "materialize_grads",

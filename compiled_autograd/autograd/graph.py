@@ -17,7 +17,7 @@ import numpy as np
 
 from compiled_autograd.autograd.node import Node
 from compiled_autograd.autograd.tensor import Tensor
-from runtime import memory
+from compiled_autograd.runtime import memory
 from compiled_autograd.autograd.saved_hooks import (current_hooks, disable_saved_tensors_hooks,
                                            saved_tensors_hooks)
 

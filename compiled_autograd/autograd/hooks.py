@@ -14,8 +14,8 @@ import itertools
 import weakref
 
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
-from runtime.memory import on_array
-from runtime.prims import ops
+from compiled_autograd.runtime.memory import on_array
+from compiled_autograd.runtime.prims import ops
 
 _handle_ids = itertools.count()
 

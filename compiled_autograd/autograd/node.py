@@ -31,10 +31,10 @@ import numpy as np
 from compiled_autograd.autograd import hooks
 from compiled_autograd.autograd.saved_hooks import current_hooks, hooks_below
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
-from runtime import memory as _rt_memory
-from runtime import slots
-from runtime.memory import on_array
-from runtime.prims import PRIMS, VJPContext, ops
+from compiled_autograd.runtime import memory as _rt_memory
+from compiled_autograd.runtime import slots
+from compiled_autograd.runtime.memory import on_array
+from compiled_autograd.runtime.prims import PRIMS, VJPContext, ops
 
 _sequence = itertools.count()
 
@@ -455,7 +455,7 @@ class SavedVariable:
         self.shape, self.dtype = tensor.shape, tensor.dtype
         self._requires_grad = tensor.requires_grad
         # The layout the value had (bytes): a recomputation gives it again, so
-        # compiled code may read the unpacked value in place (codegen.c).
+        # compiled code may read the unpacked value in place (compiled_autograd.codegen.c).
         self.strides = tensor._data.strides
         self.is_output = is_output
         self.released = False
@@ -590,4 +590,4 @@ def plain_array(sv):
     return sv._data if sv._tensor is None else sv._tensor._data
 
 
-_reader: list = []     # [runtime.slots' Reader, or None]: made once (CA_C_SLOTS read then)
+_reader: list = []     # [compiled_autograd.runtime.slots' Reader, or None]: made once (CA_C_SLOTS read then)

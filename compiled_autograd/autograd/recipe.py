@@ -38,8 +38,8 @@ from compiled_autograd.autograd import dispatch, engine
 from compiled_autograd.autograd.saved_hooks import saved_tensors_hooks
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.tensor_base import TensorBase, type_name
-from runtime import memory as _rt_memory
-from runtime.prims import run_kernel
+from compiled_autograd.runtime import memory as _rt_memory
+from compiled_autograd.runtime.prims import run_kernel
 
 
 class Kept:

@@ -23,7 +23,7 @@ import threading
 
 from compiled_autograd.autograd import saved_hooks as _saved_hooks
 from compiled_autograd.autograd.grad_mode import is_grad_enabled, isolated, set_grad_enabled
-from runtime import memory as _rt_memory
+from compiled_autograd.runtime import memory as _rt_memory
 
 MAX_DEPTH = 60                  # torch's reentrant depth per thread
 STACK_SIZE = 64 * 1024 * 1024   # each hop thread's C stack (MAX_DEPTH levels need ~1 MB)

@@ -18,8 +18,8 @@ from compiled_autograd.autograd.node import gradient_edge, node_class
 from compiled_autograd.autograd.tensor_base import TensorBase, as_ndarray
 from compiled_autograd.autograd.tensor_inplace import InplaceMethods
 from compiled_autograd.autograd.tensor_methods import TensorMethods
-from runtime.memory import on_array
-from runtime.prims import PRIMS, norm_dim
+from compiled_autograd.runtime.memory import on_array
+from compiled_autograd.runtime.prims import PRIMS, norm_dim
 
 
 def _make(data):

@@ -13,7 +13,7 @@ import numpy as np
 from compiled_autograd.autograd.dispatch import apply_inplace
 from compiled_autograd.autograd.tensor_base import TensorBase
 from compiled_autograd.autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
-from runtime.prims import PRIMS, ops
+from compiled_autograd.runtime.prims import PRIMS, ops
 
 
 def _is_index_array(k):

@@ -13,7 +13,7 @@ import numpy as np
 
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.autograd.tensor_base import TensorBase
-from runtime.prims import PRIMS, norm_dim, ops
+from compiled_autograd.runtime.prims import PRIMS, norm_dim, ops
 
 DEFAULT_FLOAT = np.dtype(np.float32)
 _FLOAT_KINDS = "fc"

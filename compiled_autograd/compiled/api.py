@@ -28,7 +28,7 @@ from compiled_autograd.compiled.cache import (Family, ensure_handler, families, 
 from compiled_autograd.ir import passes
 from compiled_autograd.ir.symbolic import ShapeEnv
 from compiled_autograd.memory.schedule import memory_schedule
-from runtime import memory as _memory
+from compiled_autograd.runtime import memory as _memory
 
 
 @dataclass

@@ -15,8 +15,8 @@ import importlib
 from compiled_autograd.compiled.interpreter import Interpreter
 
 # name -> "module:function" or a compiler callable(graph) -> callable
-BACKENDS: dict = {"eager": Interpreter, "python": "codegen.python:compile_graph",
-                  "c": "codegen.c_run:compile_graph"}
+BACKENDS: dict = {"eager": Interpreter, "python": "compiled_autograd.codegen.python:compile_graph",
+                  "c": "compiled_autograd.codegen.c_run:compile_graph"}
 
 
 def register_backend(name: str, compiler) -> None:

@@ -30,7 +30,7 @@ from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward, SavedVariable,
                                              accumulate_into, plain_array)
 from compiled_autograd.autograd.recipe import Kept, Recipe, check_backend
-from runtime.prims import index_param_names
+from compiled_autograd.runtime.prims import index_param_names
 
 
 class CompiledNodeArgs:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from compiled_autograd.ir.graph import map_nodes
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import contains_symbol, resolve
-from runtime import memory
-from runtime.prims import PRIMS, run_kernel
+from compiled_autograd.runtime import memory
+from compiled_autograd.runtime.prims import PRIMS, run_kernel
 
 
 class Interpreter:

@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 OPS = ("placeholder", "call_function", "call_hook", "output")
 def fresh_and_only_here(value) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from compiled_autograd.memory.align import made_by
-from runtime.memory import CATEGORIES
+from compiled_autograd.runtime.memory import CATEGORIES
 
 # One colour per category (Tableau 10), and for the markers.
 COLORS = {

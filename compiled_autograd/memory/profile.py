@@ -27,8 +27,8 @@ from contextlib import nullcontext
 from compiled_autograd.autograd.engine import current_compiler
 from compiled_autograd.autograd.grad_mode import is_grad_enabled
 from compiled_autograd.memory.report import export_memory_viz, write_report
-from runtime import memory as _rt
-from runtime.memory import CATEGORIES, Event, retag_saved  # noqa: F401  (re-exported)
+from compiled_autograd.runtime import memory as _rt
+from compiled_autograd.runtime.memory import CATEGORIES, Event, retag_saved  # noqa: F401  (re-exported)
 
 
 def _default_category():

@@ -9,7 +9,7 @@ for PyTorch's memory viewer.
                         run="compiled, backend python, progressive unpacking")
     report.export_memory_viz(prof.timeline, "mem.pickle")   # pytorch.org/memory_viz
 
-Events are ``runtime.memory.Event`` (or dicts with the same keys): ``alloc`` adds a
+Events are ``compiled_autograd.runtime.memory.Event`` (or dicts with the same keys): ``alloc`` adds a
 storage's bytes to its category, ``free`` removes them, ``retag`` moves them from
 the old category (``name``) to the new one (``category``), ``mark`` only labels a
 point in time (a graph node's end, with the "eager" graph backend; marks are not
@@ -38,7 +38,7 @@ from compiled_autograd.memory.align import Alignment, align, live_at, made_by, w
 from compiled_autograd.memory.chart import (COLORS, _activity_markers, _downsample,  # noqa: F401
                                             _get, _has, _own_maxima, _peak_index, chart,
                                             format_bytes, live_series)
-from runtime.memory import CATEGORIES
+from compiled_autograd.runtime.memory import CATEGORIES
 
 __all__ = ["live_series", "render_html", "render_text", "render_json",
            "memory_viz_snapshot", "write_report", "export_memory_viz", "format_bytes"]

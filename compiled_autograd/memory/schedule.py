@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from compiled_autograd.ir.graph import fresh_and_only_here
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 
 @dataclass

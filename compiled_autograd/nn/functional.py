@@ -8,8 +8,8 @@ import numpy as np
 from compiled_autograd.autograd import random as _random
 from compiled_autograd.autograd.tensor import Tensor
 from compiled_autograd.autograd.tensor_methods import _float
-from runtime.memory import on_array
-from runtime.prims import ops
+from compiled_autograd.runtime.memory import on_array
+from compiled_autograd.runtime.prims import ops
 
 # The losses (Step 13): compositions of prims, in their own module.
 from compiled_autograd.nn.loss_functional import (  # noqa: F401  (ca.nn.functional.*)

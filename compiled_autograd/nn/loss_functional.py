@@ -12,7 +12,7 @@ import numpy as np
 
 from compiled_autograd.autograd.factory import where
 from compiled_autograd.autograd.tensor import Tensor
-from runtime.prims import ops
+from compiled_autograd.runtime.prims import ops
 
 _REDUCTIONS = ("mean", "sum", "none")
 

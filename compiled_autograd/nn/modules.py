@@ -10,7 +10,7 @@ from compiled_autograd.autograd import random as _random
 from compiled_autograd.autograd.grad_mode import no_grad
 from compiled_autograd.nn import functional as F
 from compiled_autograd.autograd.tensor import Tensor
-from runtime import memory as _rt_memory
+from compiled_autograd.runtime import memory as _rt_memory
 
 
 class Parameter(Tensor):

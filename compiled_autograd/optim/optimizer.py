@@ -22,7 +22,7 @@ import numpy as np
 from compiled_autograd.autograd.grad_mode import enable_grad, no_grad
 from compiled_autograd.autograd.hooks import HookDict, RemovableHandle
 from compiled_autograd.autograd.tensor import Tensor
-from runtime.memory import on_array
+from compiled_autograd.runtime.memory import on_array
 
 
 class _Required:

@@ -36,8 +36,8 @@ from compiled_autograd.autograd.recipe import RecipeRecorder
 from compiled_autograd.compiled.api import backward_on, trace_with_values
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.profile import profile
-from runtime import memory as _rt
-from runtime.prims import PRIMS
+from compiled_autograd.runtime import memory as _rt
+from compiled_autograd.runtime.prims import PRIMS
 
 # Reference rates of the recompute cost (a numpy kernel on one core, roughly):
 # cost in seconds = FLOPs / FLOP_RATE + bytes read and written / BYTE_RATE.

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from compiled_autograd.autograd.recipe import saved_with_output
 from compiled_autograd.ir.graph import Graph
 from compiled_autograd.memory.schedule import memory_schedule
-from runtime.prims import PRIMS
+from compiled_autograd.runtime.prims import PRIMS
 
 
 @dataclass

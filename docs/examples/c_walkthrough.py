@@ -63,7 +63,7 @@ def run():
 
 
 def parts():
-    from codegen.c_run import CBackward
+    from compiled_autograd.codegen.c_run import CBackward
     graph = ca.trace_backward(build("transformer").loss()).graph
     fn = CBackward(graph, build=False)
     print("translation units (lines):", [len(s.splitlines()) for s in fn.prog.sources])

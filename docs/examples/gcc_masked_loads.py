@@ -7,7 +7,7 @@ backend generates for ReluBackward fused into ExpandBackward's sum:
 
 written two ways, with the extents baked in (as the backend does), for every
 shape with extents 1 to 5, built with the backend's own compiler and flags
-(runtime.cbuild) and compared with numpy. With GCC 12 at -O3 on an AVX2 or AVX-512
+(compiled_autograd.runtime.cbuild) and compared with numpy. With GCC 12 at -O3 on an AVX2 or AVX-512
 CPU the ternary form gives wrong sums for some shapes; the call form, whose
 arguments load unconditionally, gives none.
 
@@ -21,7 +21,7 @@ import subprocess
 
 import numpy as np
 
-from runtime import cbuild
+from compiled_autograd.runtime import cbuild
 
 SHAPES = list(itertools.product(range(1, 6), repeat=3))
 SELECT = ("static inline __attribute__((always_inline)) double select_d(int c, double a, "

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from codegen.c import _ENV
-from runtime import cbuild
+from compiled_autograd.codegen.c import _ENV
+from compiled_autograd.runtime import cbuild
 
 DRIVER = """
 #include <stdint.h>
