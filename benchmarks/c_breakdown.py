@@ -179,7 +179,7 @@ GELU_LOOPS = """
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
-{% include "math.h.j2" %}
+{% include "ca_math.h" %}
 void gelu_libm(float *out, const float *g, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     out[i] = g[i] * ((erff(x[i] * 0.70710678f) + 1.0f) * 0.5f

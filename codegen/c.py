@@ -281,7 +281,7 @@ class Emitter:
         if template is None:
             template = _EXPR_CACHE[low["expr"]] = jinja2.Template(
                 low["expr"], undefined=jinja2.StrictUndefined)
-        # sfx: which typed version of a math.h helper (_f, _d, _i) the template calls
+        # sfx: which typed version of a runtime/ca_math.h helper (_f, _d, _i) the template calls
         sfx = {"float": "f", "double": "d"}.get(compute, "i")
         text = template.render(T=out_ct, sfx=sfx, **names)
         return f"(({out_ct})({text}))", node.meta["dtype"]

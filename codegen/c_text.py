@@ -11,8 +11,14 @@ import jinja2
 
 from compiled_autograd.codegen.c_layout import c_expr
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, expr_of
+from compiled_autograd.runtime.kernels import MATH_HEADER
 
-ENV = jinja2.Environment(loader=jinja2.PackageLoader("compiled_autograd.codegen", "templates/c"),
+# The templates, and runtime's plain-C headers (ca_math.h: the math helpers that the
+# forward's C kernels share), pasted in by ``{% include %}``, so their text is part
+# of each generated library's source and hash.
+ENV = jinja2.Environment(loader=jinja2.ChoiceLoader([
+                             jinja2.PackageLoader("compiled_autograd.codegen", "templates/c"),
+                             jinja2.FileSystemLoader(str(MATH_HEADER.parent))]),
                          autoescape=False, keep_trailing_newline=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True,
                          lstrip_blocks=True)

@@ -395,32 +395,46 @@ def _publish(path: Path, sources, steps) -> tuple[Path, bool]:
     return path, True
 
 
-def extension_command(src: str, out: str, include_dirs=()) -> list[str]:
+# An extension of numerical loops (``optimize=True``: runtime/kernels.c) is built
+# as the generated C is: -O3, vectorised exp/erf (no errno, no trapping math), the
+# `omp simd` pragmas of its sums, the host's vector width (``arch_flags``);
+# -std=c11 keeps -ffp-contract=off.
+KERNEL_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
+
+
+def extension_command(src: str, out: str, include_dirs=(), optimize=False) -> list[str]:
     """The command that builds a CPython extension module against this
-    interpreter's headers, and ``include_dirs`` (``$CA_C_EXTRA_FLAGS`` apply too)."""
+    interpreter's headers, and ``include_dirs`` (``$CA_C_EXTRA_FLAGS`` apply too);
+    ``optimize``: with ``KERNEL_FLAGS`` and ``arch_flags()``."""
     import sysconfig
     include = sysconfig.get_paths()["include"]
-    return shlex.split(compiler()) + ["-O2", "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
+    opt = [*KERNEL_FLAGS, *arch_flags()] if optimize else ["-O2"]
+    return shlex.split(compiler()) + [*opt, "-fPIC", "-shared", "-std=c11", *WARNING_FLAGS,
                                       *env_flags(), f"-I{include}",
                                       *(f"-I{d}" for d in include_dirs), src, "-o", out]
 
 
-def build_extension(source: str, name: str, include_dirs=(), tag: str = "") -> tuple[Path, bool]:
+def build_extension(source: str, name: str, include_dirs=(), tag: str = "",
+                    optimize: bool = False) -> tuple[Path, bool]:
     """(path, whether this call compiled it) of a CPython extension module ``name``
     built from ``source`` (``extension_command``), in the same cache. Its name
     carries the hash of the source, the command, the interpreter's ABI
     (``EXT_SUFFIX``) and ``tag`` (e.g. the numpy version whose headers it was
-    built against), so another Python or numpy never loads it."""
+    built against), so another Python or numpy never loads it; ``optimize``d, the
+    CPU's identity too (``-march=native`` code is for this CPU only)."""
     import sysconfig
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise CBuildError(f"Python.h not found in {include}: install the Python development "
                           f"headers (e.g. python3-dev) to build {name}")
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    cmd = extension_command("SRC", "OUT", include_dirs)
-    digest = hashlib.sha256("\0".join(cmd + [suffix, tag, source]).encode()).hexdigest()[:32]
+    cmd = extension_command("SRC", "OUT", include_dirs, optimize)
+    cpu = [cpu_identity() or ""] if optimize else []
+    digest = hashlib.sha256("\0".join(cmd + cpu + [suffix, tag, source]).encode()
+                            ).hexdigest()[:32]
     return _publish(cache_dir() / f"{name}_{digest}{suffix}", [source],
-                    lambda srcs, out: [[extension_command(srcs[0], out, include_dirs)]])
+                    lambda srcs, out: [[extension_command(srcs[0], out, include_dirs,
+                                                          optimize)]])
 
 
 def _run(commands) -> None:

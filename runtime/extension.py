@@ -3,12 +3,14 @@
 ``Extension(name, sources, what, env_var)`` describes one: its C files (joined
 into one translation unit, each behind a ``#line`` directive so that compiler
 messages name the right file), and the environment variable that turns it off
-(``=0``). ``module()`` builds it with the system compiler against this
-interpreter's headers (``cbuild.build_extension``: the C backend's private
-cache, so a second process loads it without compiling) and imports it; without a
-compiler or the headers it returns None and ``status()`` says why, so the
-caller's Python code runs instead. Used by the C backend's call
-(``compiled_autograd.codegen.c_run``).
+(``=0``); ``optimize``: built as the generated C is (-O3, the host's vector
+width: ``cbuild.KERNEL_FLAGS``), for numerical loops. ``module()`` builds it with
+the system compiler against this interpreter's headers
+(``cbuild.build_extension``: the C backend's private cache, so a second process
+loads it without compiling) and imports it; without a compiler or the headers it
+returns None and ``status()`` says why, so the caller's Python code runs
+instead. Used by the C backend's call (``compiled_autograd.codegen.c_run``), the forward's C path
+(``compiled_autograd.runtime.forward``) and its kernels (``compiled_autograd.runtime.kernels``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -26,18 +29,36 @@ from compiled_autograd.runtime.cbuild import CBuildError, build_extension
 log = logging.getLogger("compiled_autograd")
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"\s*$')
+
+
+def _pasted(path: Path) -> str:
+    out = [f'#line 1 "{path.name}"\n']
+    for number, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        match = _LOCAL_INCLUDE.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        out.append(_pasted(path.with_name(match.group(1))))
+        out.append(f'#line {number + 1} "{path.name}"\n')
+    return "".join(out)
+
+
 class Extension:
     def __init__(self, name: str, sources: tuple[Path, ...], what: str, env_var: str,
-                 numpy_headers: bool = False):
+                 numpy_headers: bool = False, optimize: bool = False):
         self.name, self.sources, self.what, self.env_var = name, sources, what, env_var
-        self.numpy_headers = numpy_headers
+        self.numpy_headers, self.optimize = numpy_headers, optimize
         self._lock = threading.Lock()
         self._module = None
         self._status = None                 # "native: <path>" or "python: <why>"
         self._enabled = os.environ.get(env_var, "1") != "0"   # read once: calls are hot
 
     def source(self) -> str:
-        return "".join(f'#line 1 "{path.name}"\n{path.read_text()}' for path in self.sources)
+        """The one translation unit: each file behind a ``#line`` directive, and
+        each ``#include "name"`` of a file beside it pasted in (so that the
+        header's text, e.g. ca_math.h, is part of the source and of its hash)."""
+        return "".join(_pasted(path) for path in self.sources)
 
     def enabled(self) -> bool:
         return self._enabled
@@ -83,7 +104,8 @@ class Extension:
             include, tag = [], ""
             if self.numpy_headers:
                 include, tag = [np.get_include()], f"numpy {np.__version__}"
-            path, _ = build_extension(self.source(), self.name, include, tag)
+            path, _ = build_extension(self.source(), self.name, include, tag,
+                                      self.optimize)
             spec = importlib.util.spec_from_file_location(self.name, path)
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)

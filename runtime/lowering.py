@@ -40,7 +40,7 @@ class Lowering:
 class Elementwise(Lowering):
     """One loop over the result's elements: ``expr`` is the C expression of one
     element, a jinja2 template over the inputs ``a``, ``b``, ``c``, the params,
-    the result's C type ``T`` and ``sfx`` (which typed math.h helper to call:
+    the result's C type ``T`` and ``sfx`` (which typed helper of runtime/ca_math.h to call:
     ``f``, ``d``, ``i``).
 
     ``compute``: "out" computes in the result's type; "inputs" in the inputs'

@@ -11,6 +11,7 @@ import numpy as np
 
 from compiled_autograd.runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
                            elementwise_meta, is_scalar, ops, prim, same_meta, shape_of, sum_to)
+from compiled_autograd.runtime.kernels import native
 from compiled_autograd.runtime.lowering import Elementwise
 from compiled_autograd.runtime.special import erf as _erf
 
@@ -195,6 +196,16 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 @prim("gelu", meta=same_meta, save=(0,),
       c=Elementwise('{% if approximate == "tanh" %}ca_gelu_tanh_{{ sfx }}({{ a }}){% else %}ca_gelu_{{ sfx }}({{ a }}){% endif %}'))
 def gelu(x, approximate="none"):
+    fast = native("gelu")
+    if fast is not None:
+        out = fast(x, approximate == "tanh")
+        if out is not NotImplemented:
+            return out
+    return gelu_numpy(x, approximate)
+
+
+def gelu_numpy(x, approximate="none"):
+    """GELU in numpy: the reference of kernels.c's (erf: runtime/special.py)."""
     x = np.asarray(x)
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)

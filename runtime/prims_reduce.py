@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from compiled_autograd.runtime.lowering import Reduction, Template
+from compiled_autograd.runtime.kernels import native
 from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
@@ -107,6 +108,16 @@ def _same_meta(x, **_):
 @prim("softmax", meta=_same_meta, save=("out",), index_params=("dim",),
       c=Template("softmax.c.j2", kind="row_softmax", log=False))
 def softmax(x, dim):
+    fast = native("softmax")
+    if fast is not None:
+        out = fast(x, dim, False)
+        if out is not NotImplemented:
+            return out
+    return softmax_numpy(x, dim)
+
+
+def softmax_numpy(x, dim):
+    """The reference of kernels.c's softmax."""
     if x.size == 0:  # numpy's amax has no identity for an empty reduction
         return np.array(x, order="C", copy=True)
     e = np.exp(x - np.amax(x, axis=dim, keepdims=True))
@@ -123,6 +134,16 @@ def _(ctx, g):
 @prim("log_softmax", meta=_same_meta, save=("out",), index_params=("dim",),
       c=Template("softmax.c.j2", kind="row_softmax", log=True))
 def log_softmax(x, dim):
+    fast = native("softmax")
+    if fast is not None:
+        out = fast(x, dim, True)
+        if out is not NotImplemented:
+            return out
+    return log_softmax_numpy(x, dim)
+
+
+def log_softmax_numpy(x, dim):
+    """The reference of kernels.c's log_softmax."""
     if x.size == 0:
         return np.array(x, order="C", copy=True)
     shifted = x - np.amax(x, axis=dim, keepdims=True)
@@ -141,6 +162,16 @@ def _(ctx, g):
 def layer_norm(x, ndim, eps):
     """Normalise over the last ``ndim`` dims (biased variance); the affine part is
     ordinary mul/add ops."""
+    fast = native("layer_norm")
+    if fast is not None:
+        out = fast(x, ndim, eps)
+        if out is not NotImplemented:
+            return out
+    return layer_norm_numpy(x, ndim, eps)
+
+
+def layer_norm_numpy(x, ndim, eps):
+    """The reference of kernels.c's layer_norm."""
     axes = tuple(range(x.ndim - ndim, x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     centered = x - mean

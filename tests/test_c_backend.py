@@ -22,6 +22,7 @@ from compiled_autograd.codegen.c_ops import EMITTERS, LAYOUTS
 from compiled_autograd.codegen.c_run import CBackward
 from compiled_autograd.examples import build
 from compiled_autograd.compiled.interpreter import Interpreter
+from compiled_autograd.runtime.kernels import MATH_HEADER
 from helpers import MLP, TRANSFORMER, needs_cc
 from helpers import on_c as _on_c
 from op_cases import CASES, make_inputs
@@ -143,12 +144,14 @@ ASAN_SCRIPT = textwrap.dedent("""
     libs = list(Path(os.environ["CA_CACHE_DIR"]).glob("*.so"))
     # the two backward libraries, the C call that runs the MLP's backward (it has
     # no callbacks; the checkpointed one has), the saved values' hand-over
-    # (runtime/slots.c), the forward's C path (runtime/forward.c) and the threads
-    # library (runtime/cthreads.c), if OpenMP works
+    # (runtime/slots.c), the forward's C path (runtime/forward.c) and its kernels
+    # (runtime/kernels.c: GELU, layer_norm, softmax), and the threads library
+    # (runtime/cthreads.c), if OpenMP works
     threads = int(cthreads.openmp()[0])
-    assert len(libs) == 5 + threads, libs
+    assert len(libs) == 6 + threads, libs
     assert [sum(p.name.startswith(f"{m}_") for p in libs)
-            for m in ("_c_call", "_slots", "_forward", "ca_threads")] == [1, 1, 1, threads]
+            for m in ("_c_call", "_slots", "_forward", "_kernels", "ca_threads")
+            ] == [1, 1, 1, 1, threads]
     assert all(b"__asan_" in p.read_bytes() for p in libs), "not built with ASan"
     print("ASAN-OK")
 """ % (TRANSFORMER, MLP))
@@ -543,7 +546,7 @@ def test_selects_evaluate_their_operands_unconditionally():
     # The guard of the test above on compilers that happen to get it right.
     for name in ("where", "masked_fill"):
         assert PRIMS[name].c.expr.startswith("ca_select_{{ sfx }}("), name
-    assert "ca_select_f(" in (TEMPLATES / "math.h.j2").read_text()
+    assert "ca_select_f(" in MATH_HEADER.read_text()
 
 
 @needs_cc

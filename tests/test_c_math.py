@@ -1,4 +1,4 @@
-"""The C backend's own float exp, erf and GELU derivative (codegen/templates/c/math.h.j2): branch-free
+"""The C backend's own float exp, erf and GELU derivative (runtime/ca_math.h): branch-free
 so that loops calling them vectorise. Checked here against float64 references on
 a dense sweep of float32 inputs, the special values, and the sign of zero."""
 import ctypes
@@ -18,7 +18,7 @@ DRIVER = """
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
-{% include "math.h.j2" %}
+{% include "ca_math.h" %}
 void test_exp(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_expf(x[i]); }
 void test_erf(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_erff(x[i]); }
 void test_gelu_grad(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_f(x[i]); }

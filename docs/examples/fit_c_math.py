@@ -1,5 +1,5 @@
 """Where the coefficients of the C backend's float exp and erf come from
-(codegen/templates/c/math.h.j2): weighted least-squares fits in float64 on
+(runtime/ca_math.h): weighted least-squares fits in float64 on
 Chebyshev-spaced points, printed as float32 literals. tests/test_c_math.py checks
 the resulting functions on a dense sweep of float32 inputs.
 

@@ -1,5 +1,5 @@
 """How close the C backend's float GELU derivative (ca_gelu_grad_f in
-codegen/templates/c/math.h.j2) is to float64 below zero, where its cdf is small:
+runtime/ca_math.h) is to float64 below zero, where its cdf is small:
 the largest relative error on x in (-5.6, -1.5), and the values at x = -6 and
 -12, past t = |x|/sqrt(2) = 4, where R's argument is clamped, with torch's float32
 gelu_backward beside them when torch is installed. Needs a C compiler.
@@ -18,7 +18,7 @@ DRIVER = """
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
-{% include "math.h.j2" %}
+{% include "ca_math.h" %}
 void gelu_grad(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_f(x[i]); }
 """
 

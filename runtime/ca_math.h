@@ -1,4 +1,13 @@
-/* Math helpers of the generated C (included by backward.c.j2). */
+/* Plain-C math helpers: float exp, erf, GELU and its derivative, selects and
+   extrema. Shared by the C backend's generated code (codegen/templates/c/
+   prelude.c.j2 pastes this file in, through compiled_autograd.codegen.c_text's template loader,
+   so the text is part of each library's hash) and by the forward's C kernels
+   (runtime/kernels.c). Runtime owns it: runtime must not include from codegen. */
+#ifndef CA_MATH_H
+#define CA_MATH_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 /* Always inlined: a helper left as a call inside a loop stops the loop's
    vectorisation, and GCC's inliner gives up on calls in a long enough function
    (a larger GELU derivative, tried once, was inlined in a small test but left a
@@ -150,3 +159,4 @@ CA_INLINE double ca_gelu_grad_tanh_d(double x) {
 #define ca_gelu_tanh_i ca_gelu_tanh_d
 #define ca_gelu_grad_i ca_gelu_grad_d
 #define ca_gelu_grad_tanh_i ca_gelu_grad_tanh_d
+#endif /* CA_MATH_H */

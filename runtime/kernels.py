@@ -1,0 +1,29 @@
+"""The forward's C kernels (``kernels.c``): prims' kernels in one pass over memory,
+where numpy makes many. A prim's kernel calls ``native(name)`` and, when it gives a
+function, tries it first; the function returns ``NotImplemented`` where it does not
+apply (not an ndarray of native float32/float64), and the prim's numpy kernel runs.
+The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
+two (values, dtypes, layouts, empty arrays, NaN and infinities).
+
+Part of the forward's C path: built on first use like ``forward.c``
+(``compiled_autograd.runtime.extension``, optimised as the generated C is), and turned off with it by
+``CA_C_FORWARD=0`` (then every prim runs its numpy kernel), or where it cannot be
+built. The math (``ca_math.h``) is the C backend's own: runtime owns the header and
+codegen pastes it into the generated code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from compiled_autograd.runtime.extension import Extension
+
+HERE = Path(__file__).parent
+MATH_HEADER = HERE / "ca_math.h"
+
+KERNELS = Extension("_kernels", (HERE / "kernels.c",), "the forward's C kernels",
+                    "CA_C_FORWARD", numpy_headers=True, optimize=True)
+
+
+def native(name: str):
+    """The C kernel ``name`` of ``kernels.c``, or None (off, or not built)."""
+    module = KERNELS.module()
+    return None if module is None else getattr(module, name)

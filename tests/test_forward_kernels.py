@@ -1,0 +1,227 @@
+"""runtime/kernels.c: the forward's C kernels against their numpy references (the
+prims' numpy kernels): values, dtypes, layouts, empty arrays, NaN and infinities;
+where they do not apply (other dtypes, another dim) the numpy kernel runs; with
+CA_C_FORWARD=0 only numpy runs; GELU's forward agrees bit for bit with the C
+backend's; gradients through them match torch on every backend.
+
+Tolerances. GELU: both sides approximate erf within 2 float32 ulps (runtime/
+special.py; ca_erff in runtime/ca_math.h), so they differ by up to 4 ulps of 1
+(4.8e-7) in erf, times 0.5|x|, plus the rounding of the product: |c - numpy| <=
+3e-7 |x| + 2 ulps of the result. float64: 1e-15 |x| + 2 ulps (libm's erf against
+Cephes', both within 2.2e-16). softmax, log_softmax, layer_norm sum in another
+order (16 lanes against numpy's pairwise sum): float32 rtol 1e-5, float64 1e-12,
+with an atol of the same order times the row's scale for log_softmax and
+layer_norm, whose outputs cross zero."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.codegen.c_text import ENV
+from compiled_autograd.runtime import cbuild, kernels
+from compiled_autograd.runtime.prims import PRIMS
+from compiled_autograd.runtime.prims_elementwise import gelu_numpy
+from compiled_autograd.runtime.prims_reduce import layer_norm_numpy, log_softmax_numpy, softmax_numpy
+
+from helpers import BACKENDS, needs_cc
+
+pytestmark = [needs_cc, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+
+@pytest.fixture(scope="module")
+def native():
+    if not kernels.KERNELS.enabled():
+        pytest.skip("CA_C_FORWARD=0")
+    assert kernels.KERNELS.module() is not None, kernels.KERNELS.status()
+    return kernels.KERNELS.module()
+
+
+def layouts(shape, dtype, scale=3.0, seed=0):
+    """The same values as a C-contiguous array, a transposed view, a strided slice
+    of a larger one, and a Fortran-ordered copy."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * scale).astype(dtype)
+    big = np.zeros(shape[:-1] + (2 * shape[-1],), dtype)
+    big[..., ::2] = x
+    yield "contiguous", x
+    yield "strided", big[..., ::2]
+    yield "fortran", np.asfortranarray(x)
+    if x.ndim >= 2:
+        yield "transposed", np.swapaxes(np.swapaxes(x, 0, -1).copy(), 0, -1)
+
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e30, -1e30,
+                    3.4e38, -3.4e38, 1e-45, 5.0, -5.0, 10.0, -10.0, -6.0, 0.5, -0.5])
+
+
+def check_same_kind(got, ref):
+    assert type(got) is np.ndarray and got.dtype == ref.dtype and got.shape == ref.shape
+    assert got.flags.c_contiguous
+
+
+def ulp(v):
+    return np.spacing(np.abs(v).astype(v.dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tanh", [False, True])
+def test_gelu_matches_numpy(native, dtype, tanh):
+    slope = 3e-7 if dtype == np.float32 else 1e-15
+    for name, x in [*layouts((7, 33, 5), dtype),
+                    ("sweep", np.linspace(-12, 12, 100_001).astype(dtype)),
+                    ("special", SPECIAL.astype(dtype)), ("0-d", np.array(-1.3, dtype))]:
+        approximate = "tanh" if tanh else "none"
+        got, ref = native.gelu(x, tanh), gelu_numpy(x, approximate)
+        check_same_kind(got, ref)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=name)
+        finite = np.isfinite(ref)
+        assert np.array_equal(got[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])
+        bound = slope * np.abs(x[finite]) + 2 * ulp(ref[finite])
+        err = np.abs(got[finite].astype(np.float64) - ref[finite])
+        assert (err <= bound).all(), (name, err.max(), x[finite][np.argmax(err - bound)])
+        # the prim's kernel is the C one
+        np.testing.assert_array_equal(PRIMS["gelu"].kernel(x, approximate=approximate), got)
+
+
+def test_gelu_float32_is_as_close_to_float64_as_numpys(native):
+    x = np.linspace(-8, 8, 200_001).astype(np.float32)
+    truth = gelu_numpy(x.astype(np.float64))
+    err_c = np.abs(native.gelu(x, False) - truth)
+    err_numpy = np.abs(gelu_numpy(x) - truth)
+    assert err_c.max() <= 1.5 * err_numpy.max() and err_c.max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_and_log_softmax_match_numpy(native, dtype):
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for shape in [(4, 3, 64), (5, 1000), (6, 1), (17,)]:
+        for name, x in layouts(shape, dtype):
+            for log, ref_fn in ((False, softmax_numpy), (True, log_softmax_numpy)):
+                for dim in (len(shape) - 1, -1):
+                    got, ref = native.softmax(x, dim, log), ref_fn(x, len(shape) - 1)
+                    check_same_kind(got, ref)
+                    atol = rtol * np.abs(ref).max() if log else 0
+                    np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol,
+                                               err_msg=f"{name} {shape} log={log}")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_special_rows(native, log):
+    ref_fn = log_softmax_numpy if log else softmax_numpy
+    x = np.array([[0.0, 1.0, -np.inf, 2.0],        # a masked entry
+                  [np.nan, 1.0, 2.0, 3.0],          # NaN spreads over its row
+                  [np.inf, 1.0, 2.0, 3.0],          # inf - inf
+                  [-np.inf] * 4,                    # a fully masked row
+                  [1e30, -1e30, 0.0, 1e30]], np.float32)
+    got, ref = native.softmax(x, 1, log), ref_fn(x, 1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_matches_numpy(native, dtype):
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for shape, k in [((8, 16, 128), 1), ((8, 16, 128), 2), ((3, 7), 2), ((5, 1), 1),
+                     ((4, 6), 0)]:
+        for name, x in layouts(shape, dtype, seed=k):
+            x = x + np.asarray(2.0, dtype)        # a mean to take away
+            got, ref = native.layer_norm(x, k, 1e-5), layer_norm_numpy(x, k, 1e-5)
+            check_same_kind(got, ref)
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 10, err_msg=name)
+    x = np.array([[1.0, np.nan, 2.0], [3.0, 3.0, 3.0], [np.inf, 0.0, 1.0]], np.float32)
+    got, ref = native.layer_norm(x, 1, 1e-5), layer_norm_numpy(x, 1, 1e-5)
+    np.testing.assert_array_equal(got, ref)         # NaN rows, a constant row: 0
+
+
+def test_empty_and_other_dtypes_go_to_numpy(native):
+    empty = np.zeros((0, 4), np.float32)
+    for x in (empty, np.arange(6).reshape(2, 3), np.ones((2, 3), np.float16),
+              np.ones((2, 3), ">f4"), [1.0, 2.0]):
+        assert native.softmax(x, 1, False) is NotImplemented
+        assert native.layer_norm(x, 1, 1e-5) is NotImplemented
+        if not isinstance(x, np.ndarray) or x.size:
+            assert native.gelu(x, False) is NotImplemented
+    assert native.gelu(empty, False).shape == (0, 4)
+    assert native.softmax(np.ones((3, 4), np.float32), 0, False) is NotImplemented
+    assert native.layer_norm(np.ones((3, 4), np.float32), 3, 1e-5) is NotImplemented
+    # the prims still answer, from numpy
+    x = np.ones((2, 3), np.float16)
+    assert PRIMS["gelu"].kernel(x).dtype == gelu_numpy(x).dtype
+    y = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(PRIMS["softmax"].kernel(y, 0), softmax_numpy(y, 0))
+    np.testing.assert_array_equal(PRIMS["softmax"].kernel(empty, 1), softmax_numpy(empty, 1))
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        native.gelu(y)
+
+
+def test_misaligned_arrays_go_to_numpy(native):
+    buf = np.zeros(4 * 12 + 1, np.uint8)
+    x = buf[1:].view(np.float32).reshape(3, 4)
+    x[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert not x.flags.aligned
+    assert native.gelu(x, False) is NotImplemented
+    assert native.softmax(x, 1, False) is NotImplemented
+    assert native.layer_norm(x, 1, 1e-5) is NotImplemented
+    np.testing.assert_array_equal(PRIMS["gelu"].kernel(x), gelu_numpy(x))
+    np.testing.assert_array_equal(PRIMS["layer_norm"].kernel(x, 1, 1e-5),
+                                  layer_norm_numpy(x, 1, 1e-5))
+
+
+def test_gelu_agrees_with_the_c_backends_bit_for_bit(native):
+    """The forward's C GELU and the generated C's ca_gelu_f (built as the C backend
+    builds its code: codegen's template loader, cbuild.build's flags) are the same
+    function: the same header, the same flags that matter (-std=c11, the host's
+    FMA). So a checkpoint recomputed by the C backend sees the forward's values."""
+    driver = ("#include <stdint.h>\n#include <string.h>\n#include <tgmath.h>\n"
+              '{% include "ca_math.h" %}\n'
+              "void gelu(const float *x, float *y, int64_t n) {\n"
+              "  for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_f(x[i]);\n}\n")
+    lib = cbuild.load(cbuild.build(ENV.from_string(driver).render())[0])
+    lib.gelu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    x = np.concatenate([np.linspace(-12, 12, 100_003), SPECIAL]).astype(np.float32)
+    y = np.empty_like(x)
+    lib.gelu(x.ctypes.data, y.ctypes.data, x.size)
+    np.testing.assert_array_equal(native.gelu(x, False), y)
+
+
+def test_ca_c_forward_0_turns_the_kernels_off(tmp_path):
+    code = ("import numpy as np\n"
+            "from compiled_autograd.runtime import kernels\n"
+            "from compiled_autograd.runtime.prims import PRIMS\n"
+            "from compiled_autograd.runtime.prims_elementwise import gelu_numpy\n"
+            "x = np.linspace(-5, 5, 1001).astype(np.float32)\n"
+            "assert kernels.native('gelu') is None\n"
+            "assert np.array_equal(PRIMS['gelu'].kernel(x), gelu_numpy(x))\n"
+            "print(kernels.KERNELS.status())\n")
+    env = dict(os.environ, CA_C_FORWARD="0", CA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "python: disabled by CA_C_FORWARD=0"
+    assert not list(tmp_path.glob("_kernels_*"))           # never built
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_through_the_c_kernels_match_torch(native, backend):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((4, 6, 32)), rng.standard_normal(32), rng.standard_normal(32)]
+    results = {}
+    for lib in (ca, torch):
+        x, w, b = (lib.tensor(a, requires_grad=True, dtype=np.float64 if lib is ca
+                              else torch.float64) for a in arrays)
+        F = lib.nn.functional
+        h = F.layer_norm(x, (32,), w, b)
+        s = F.softmax(F.gelu(h), dim=-1) + F.log_softmax(F.gelu(h, approximate="tanh"), dim=-1)
+        loss = (s * s).sum()
+        if lib is ca and backend != "eager":
+            with ca.compiled_backward(backend=backend):
+                loss.backward()
+        else:
+            loss.backward()
+        results[lib.__name__] = [t.detach().numpy() for t in (loss, x.grad, w.grad, b.grad)]
+    for got, ref in zip(results["compiled_autograd"], results["torch"]):
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
