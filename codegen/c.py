@@ -9,7 +9,8 @@ prim's record holds its C expression, the others name their template file):
   folds into the BLAS call that reads it;
 - a ``store`` writes its value into an input's array in one loop (an elementwise
   value stored and used nowhere else is that loop's expression); nothing is fused
-  across a store, so every read of an input happens where the graph puts it;
+  across a store or a hook that may write an input (a parameter updated in place),
+  so every read of an input happens where the graph puts it;
 - an elementwise node whose single user is an elementwise node of the same shape
   (or a sum/amax reading it) is *fused*: its expression is inlined into the user's
   loop, so it never touches memory;
@@ -147,13 +148,17 @@ class Emitter:
         ``inlines`` the operand it is."""
         fused = set()
         step = {n: i for i, n in enumerate(self.graph.nodes)}
-        stores = [step[n] for n in self.graph.nodes if is_store(n)]
+        # Barriers: a store, and a call into Python that may write an input array in
+        # place (a hook updating a parameter, a custom backward); not an unpack
+        # hook's or an accumulation's, which make or write arrays of their own.
+        stores = [step[n] for n in self.graph.nodes if is_store(n) or (
+            n.op == "call_hook" and n.target not in ("unpack_hook", "accumulate_grad"))]
         for n in self.graph.nodes:
             low = lowering(n)
             if low is None or not low.fusable or len(n.users) != 1:
                 continue
             (u,) = n.users
-            # A fused node is evaluated in its user's loop: never past a store,
+            # A fused node is evaluated in its user's loop: never past a barrier,
             # which may overwrite an input it reads.
             if stores and bisect.bisect_left(stores, step[n]) != \
                     bisect.bisect_left(stores, step[u]):

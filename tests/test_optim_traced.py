@@ -175,3 +175,69 @@ def test_store_writes_in_place_and_nothing_reads_past_it(backend):
     (out,) = fn([x, y], [], [], [], [])
     np.testing.assert_array_equal(out, np.arange(4) * 2 + 1)
     np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("backend", ["python", "c"])
+def test_a_hook_updating_a_parameter_in_place_is_a_barrier_to_fusion(backend):
+    # (review finding) The gradient of tanh(X @ p1) * p0 reads p0 in an elementwise
+    # node; the C backend fused it into a loop after p0's hook had updated p0.
+    def go(mode):
+        rng = np.random.default_rng(1)
+        p0 = ca.tensor(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+        p1 = ca.tensor(rng.standard_normal((4, 4)).astype(np.float32), requires_grad=True)
+        x = ca.tensor(rng.standard_normal((3, 4)).astype(np.float32))
+
+        def update(p):
+            p._data -= 0.3 * p.grad._data
+            p.grad = None
+        for p in (p0, p1):
+            p.register_post_accumulate_grad_hook(update)
+        for _ in range(3):
+            _backward(((x @ p1).tanh() * p0).sum(), mode)
+        return [p.detach().numpy() for p in (p0, p1)]
+    for got, ref in zip(go(backend), go("eager")):
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_a_scheduler_moving_adams_betas_is_no_recompile():
+    # (review finding) lerp_'s abs(1 - beta1) pinned beta1 by a guard: OneCycleLR,
+    # which cycles beta1, made every step a new graph.
+    ca.reset_compiled_autograd()
+    ex = make_mlp(layers=2, width=8, batch=4)
+    opt = ca.optim.in_backward(ca.optim.Adam(ex.parameters(), lr=0.01))
+    sched = ca.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=12)
+    for _ in range(10):
+        _backward(ex.loss(), "python")
+        sched.step()
+    stats = ca.compiled_autograd_stats()
+    assert stats["compiles"] == 2 and stats["cache_hits"] == 8, stats
+
+
+@pytest.mark.parametrize("backend", ["eager", "python", "c"])
+def test_a_saved_copy_of_an_updated_parameter_read_after_its_update_raises(backend):
+    # (review finding) p0's update runs before MulBackward reads the detached p0 it
+    # saved: eager's unpack raises; the trace raises the same, before anything runs.
+    p0 = ca.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    p1 = ca.tensor(np.array([3.0, 4.0], np.float32), requires_grad=True)
+    ca.optim.in_backward(ca.optim.SGD([p0, p1], lr=1.0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation.*MulBackward"):
+        _backward((p1 * p0.detach()).sum() + (p0 * 2).sum(), backend)
+    if backend != "eager":     # (eager updated p0 before its unpack raised)
+        np.testing.assert_array_equal(p0.detach().numpy(), [1.0, 2.0])
+        np.testing.assert_array_equal(p1.detach().numpy(), [3.0, 4.0])
+
+
+@pytest.mark.parametrize("backend", ["python", "c"])
+def test_state_of_another_dtype_is_updated_as_eager_does(backend):
+    # (review finding) Adam's moments in float32 beside a float64 parameter: eager
+    # computes in the parameter's dtype (its scratch); the update is called as Python.
+    def go(mode):
+        ca.manual_seed(0)
+        p = ca.nn.Parameter(np.linspace(-1, 1, 6).astype(np.float32))
+        opt = ca.optim.in_backward(ca.optim.Adam([p], lr=0.1))
+        _backward((p * p).sum(), mode)                 # float32 state is made
+        p._data = p._data.astype(np.float64)
+        for _ in range(3):
+            _backward((p * p).sum(), mode)
+        return p.detach().numpy()
+    np.testing.assert_array_equal(go(backend), go("eager"))

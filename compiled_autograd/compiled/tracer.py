@@ -106,6 +106,7 @@ class Tracer:
         self.visits = 0             # autograd nodes visited so far
         self.swaps = 0              # saved values swapped in as recipes so far
         self.user_code = 0          # > 0 while a custom Function's backward runs
+        self.updated: dict = {}     # version counters of tensors stored into so far
         self._proxies: dict = {}
 
     # ---------------------------------------------------------- node builders
@@ -215,6 +216,16 @@ class Tracer:
             self.swaps += 1
             p.node.meta.setdefault("swapped", []).append((self.visits, self.swaps))
         elif p is None:
+            counter = self.updated.get(id(sv._version_counter))
+            if counter is not None and sv.unpack_hook is None:
+                # Read after a store wrote its storage (a traced update of the
+                # parameter it was saved from): eager's unpack sees the version the
+                # update left and raises; so does the trace, before anything runs.
+                counter.value += 1
+                try:
+                    sv.check(self.source or "backward")
+                finally:
+                    counter.value -= 1
             where = self.collected.slot[id(sv)]
             (shape,) = self.sizes(sv, (sv.shape,))
             if where[0] == "saved":
@@ -392,10 +403,14 @@ class TraceSwap(SwapSavedVariables):
     def params(self, owner, params):
         return self.tracer.params(owner, params)
 
-    def store(self, dst, value):
-        """Record ``dst[...] = value``: ``dst`` a lifted Tensor's graph value."""
+    def store(self, dst, value, tensor=None):
+        """Record ``dst[...] = value``: ``dst`` the graph value of ``tensor``, lifted.
+        A saved value of the same storage swapped in after this is refused, as
+        eager's check refuses it after the in-place write (``saved_proxy``)."""
         self.tracer.graph.create_node("call_function", "store", (dst.node, value.node),
                                       name="store", meta=self.tracer._meta(None, None))
+        if tensor is not None:
+            self.tracer.updated[id(tensor._version_counter)] = tensor._version_counter
 
     def accumulate_grad(self, variable, grad):
         leaf = self.tracer.lifted_proxy(variable, kind="leaf")

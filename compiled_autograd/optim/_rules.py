@@ -38,7 +38,8 @@ def effective_grad(p, g, scratch, maximize, weight_decay, xp=np):
 def lerp_(start, end, weight, tmp, xp=np):
     """``start.lerp_(end, weight)`` with torch's two-sided formula."""
     xp.subtract(end, start, out=tmp)
-    if abs(weight) < 0.5:
+    if -0.5 < weight < 0.5:      # (abs(weight) < 0.5, as comparisons: a traced weight
+        #                           keeps a range guard, not its value)
         tmp *= weight
         start += tmp
     else:

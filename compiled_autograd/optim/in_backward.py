@@ -22,8 +22,9 @@ The update is called as Python instead (a ``call_hook[post_acc_grad_hook]`` node
 as any hook) where the traced form cannot say the same: on a parameter's first
 update where its state is made then (SGD's momentum buffer, Adam's moments), when
 ``.grad`` is not None before the backward (the update then takes the sum), when the
-parameter has other post-accumulate-grad hooks, or when an array is not C-contiguous
-and writeable. Each of these is part of the cache key.
+parameter has other post-accumulate-grad hooks, when an array is not C-contiguous
+and writeable, or when a state array of the parameter's shape has another dtype. Each
+of these is part of the cache key.
 
 Under ``DistributedDataParallel`` the update of a parameter waits for its bucket's
 all-reduce: its hook hands the update to DDP's reducer (``GradReady.after_reduce``),
@@ -138,8 +139,13 @@ class OptimizerInBackward(Optimizer):
         if not (flags.c_contiguous and flags.writeable):
             return False
         for t in state.values():
-            flags = t._data.flags
-            if not (flags.c_contiguous and flags.writeable):
+            a = t._data
+            flags = a.flags
+            # (a state array of the parameter's shape in another dtype: eager
+            # computes in the parameter's scratch dtype, the traced chain does not;
+            # the step count is a float32 0-d array whatever the parameter's dtype)
+            if not (flags.c_contiguous and flags.writeable) or (
+                    a.dtype != data.dtype and a.shape == data.shape):
                 return False
         # Once per backward and group: its flags, the list of the parameters
         # updated (whose eager calls' other effects run after it), and the floats'
@@ -178,7 +184,8 @@ class OptimizerInBackward(Optimizer):
         tensors = {"": p, **state}
 
         def rule(last):
-            buffers = {k: traced.Buffer(swap.lifted(t), swap.lifted(t), last.get(k), swap.store)
+            buffers = {k: traced.Buffer(swap.lifted(t), swap.lifted(t), last.get(k),
+                                        partial(swap.store, tensor=t))
                        for k, t in tensors.items()}
             scalars = {name: swap.scalar((id(group), name, value), value)
                        for name, value in opt._scalars(group, state).items()}
