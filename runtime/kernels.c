@@ -207,7 +207,66 @@ static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t 
     return out;
 }
 
+/* axpy(out, a, alpha, b): out = a + alpha * b, in place, in one pass (an
+   optimizer's update; numpy makes two, b * alpha into a temporary, then the add).
+   The same roundings as numpy's two passes: alpha cast to the arrays' dtype, the
+   product rounded, then the sum (-std=c11: no fused multiply-add). All three
+   C-contiguous native float32 or float64 arrays of one dtype and size (out may be
+   a or b), out writeable; else NotImplemented. Returns None. */
+static PyObject *k_axpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "axpy(out, a, alpha, b) takes 4 arguments");
+        return NULL;
+    }
+    double alpha = PyFloat_AsDouble(args[2]);
+    if (alpha == -1.0 && PyErr_Occurred())
+        return NULL;
+    PyObject *arrays[3] = {args[0], args[1], args[3]};
+    int type = -1;
+    npy_intp n = -1;
+    for (int k = 0; k < 3; k++) {
+        if (!PyArray_CheckExact(arrays[k]))
+            return not_implemented();
+        PyArrayObject *x = (PyArrayObject *)arrays[k];
+        int t = PyArray_TYPE(x);
+        if ((t != NPY_FLOAT32 && t != NPY_FLOAT64) || (type >= 0 && t != type)
+            || !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_ISALIGNED(x)
+            || !PyArray_ISNOTSWAPPED(x) || (n >= 0 && PyArray_SIZE(x) != n))
+            return not_implemented();
+        type = t;
+        n = PyArray_SIZE(x);
+    }
+    if (!PyArray_ISWRITEABLE((PyArrayObject *)args[0]))
+        return not_implemented();
+    PyThreadState *ts = n >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
+    if (type == NPY_FLOAT32) {
+        float *out = PyArray_DATA((PyArrayObject *)args[0]);
+        const float *a = PyArray_DATA((PyArrayObject *)args[1]);
+        const float *b = PyArray_DATA((PyArrayObject *)args[3]);
+        const float al = (float)alpha;
+        for (npy_intp i = 0; i < n; i++) {
+            float t = al * b[i];
+            out[i] = a[i] + t;
+        }
+    } else {
+        double *out = PyArray_DATA((PyArrayObject *)args[0]);
+        const double *a = PyArray_DATA((PyArrayObject *)args[1]);
+        const double *b = PyArray_DATA((PyArrayObject *)args[3]);
+        for (npy_intp i = 0; i < n; i++) {
+            double t = alpha * b[i];
+            out[i] = a[i] + t;
+        }
+    }
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"axpy", (PyCFunction)(void (*)(void))k_axpy, METH_FASTCALL,
+     "axpy(out, a, alpha, b): out = a + alpha * b in one pass, or NotImplemented"},
     {"gelu", (PyCFunction)(void (*)(void))k_gelu, METH_FASTCALL,
      "gelu(x, tanh): GELU of a float32/float64 ndarray in one pass, or NotImplemented"},
     {"softmax", (PyCFunction)(void (*)(void))k_softmax, METH_FASTCALL,

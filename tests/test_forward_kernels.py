@@ -225,3 +225,32 @@ def test_gradients_through_the_c_kernels_match_torch(native, backend):
         results[lib.__name__] = [t.detach().numpy() for t in (loss, x.grad, w.grad, b.grad)]
     for got, ref in zip(results["compiled_autograd"], results["torch"]):
         np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_axpy_is_numpys_two_passes_in_one(native, dtype):
+    # An optimizer's out = a + alpha * b (optim._rules.axpy_): the same bits as
+    # numpy's b * alpha into a temporary, then the add; out may be a or b.
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 40_000):
+        a = rng.standard_normal(n).astype(dtype)
+        b = (rng.standard_normal(n) * 1e3).astype(dtype)
+        for alpha in (0.37, -1e-3, 3.0e7, 1.0):
+            ref = np.add(a, np.multiply(b, alpha))
+            out = np.empty_like(a)
+            assert native.axpy(out, a, alpha, b) is None
+            np.testing.assert_array_equal(out, ref)
+            aa, bb = a.copy(), b.copy()
+            native.axpy(aa, aa, alpha, bb)
+            np.testing.assert_array_equal(aa, ref)
+            native.axpy(bb, a, alpha, bb)
+            np.testing.assert_array_equal(bb, ref)
+    x = np.ones(6, dtype)
+    for out, a, b in ((x, x, np.ones(6, np.float32 if dtype == np.float64 else np.float64)),
+                      (x, x, np.ones(7, dtype)), (x, x, np.ones(12, dtype)[::2]),
+                      (np.ones(6, np.int64), x, x)):
+        assert native.axpy(out, a, 0.5, b) is NotImplemented
+    ro = np.ones(6, dtype)
+    ro.flags.writeable = False
+    assert native.axpy(ro, x, 0.5, x) is NotImplemented
+    np.testing.assert_array_equal(ro, 1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiled_autograd.runtime.kernels import native
+
 # Options torch's optimizers take that ca has no use for: accepted at their defaults
 # (so torch's param_groups and state_dicts load), refused when asked for.
 UNSUPPORTED = ("differentiable", "fused", "capturable")
@@ -21,6 +23,19 @@ def check_unsupported(name, options):
                                "(numpy arrays on the CPU; the foreach path is the only one)")
 
 
+def axpy_(out, a, alpha, b, tmp, xp=np):
+    """``out = a + alpha * b`` (``out`` may be ``a`` or ``b``): numpy's two passes
+    (``b * alpha`` into ``tmp``, then the add), or, on arrays, the same roundings in
+    one pass in C (``kernels.c``'s ``axpy``) where it applies."""
+    if xp is np:
+        fast = native("axpy")
+        if fast is not None and fast(out, a, alpha, b) is not NotImplemented:
+            return out
+    xp.multiply(b, alpha, out=tmp)
+    xp.add(a, tmp, out=out)
+    return out
+
+
 def effective_grad(p, g, scratch, maximize, weight_decay, xp=np):
     """``-g`` if maximizing, plus ``weight_decay * p`` (torch's L2 penalty)."""
     if maximize:
@@ -29,9 +44,7 @@ def effective_grad(p, g, scratch, maximize, weight_decay, xp=np):
         g = s
     if weight_decay != 0:
         s, t = scratch.get(g, 0), scratch.get(g, 1)
-        xp.multiply(p, weight_decay, out=t)
-        xp.add(g, t, out=s)
-        g = s
+        g = axpy_(s, g, weight_decay, p, t, xp)
     return g
 
 
@@ -72,5 +85,4 @@ def add_scaled_(out, a, alpha, tmp, xp=np):
     elif alpha == -1:
         out -= a
     else:
-        xp.multiply(a, alpha, out=tmp)
-        out += tmp
+        axpy_(out, out, alpha, a, tmp, xp)

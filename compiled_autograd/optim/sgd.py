@@ -54,10 +54,7 @@ class SGD(Optimizer):
                 b *= momentum
                 _rules.add_scaled_(b, g, 1 - sc["dampening"], tmp, xp)
             if group["nesterov"]:
-                s = scratch.get(p, 0)
-                xp.multiply(b, momentum, out=tmp)
-                xp.add(g, tmp, out=s)
-                g = s
+                g = _rules.axpy_(scratch.get(p, 0), g, momentum, b, tmp, xp)
             else:
                 g = b
         _rules.add_scaled_(p, g, -sc["lr"], tmp, xp)
