@@ -3,7 +3,8 @@ where numpy makes many. A prim's kernel calls ``native(name)`` and, when it give
 function, tries it first; the function returns ``NotImplemented`` where it does not
 apply (not an ndarray of native float32/float64), and the prim's numpy kernel runs.
 The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
-two (values, dtypes, layouts, empty arrays, NaN and infinities).
+two (values, dtypes, layouts, empty arrays, NaN and infinities). ``axpy`` (``out =
+a + alpha * b`` in one pass) serves the optimizers' rules (``optim._rules.axpy_``).
 
 Part of the forward's C path: built on first use like ``forward.c``
 (``compiled_autograd.runtime.extension``, optimised as the generated C is), and turned off with it by
