@@ -1,7 +1,7 @@
 """The forward's C kernels (``kernels.c``): prims' kernels in one pass over memory,
-where numpy makes many. A prim's kernel calls ``native(name)`` and, when it gives a
-function, tries it first; the function returns ``NotImplemented`` where it does not
-apply (not an ndarray of native float32/float64), and the prim's numpy kernel runs.
+where numpy makes many. A prim's kernel tries ``call_native(name, ...)`` first; it
+gives ``NotImplemented`` where the C does not apply (not an ndarray of native
+float32/float64) or is not built, and the prim's numpy kernel runs.
 The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
 two (values, dtypes, layouts, empty arrays, NaN and infinities). ``axpy`` (``out =
 a + alpha * b`` in one pass) serves the optimizers' rules (``optim._rules.axpy_``).
@@ -28,3 +28,10 @@ def native(name: str):
     """The C kernel ``name`` of ``kernels.c``, or None (off, or not built)."""
     module = KERNELS.module()
     return None if module is None else getattr(module, name)
+
+
+def call_native(name: str, *args):
+    """``kernels.c``'s ``name`` on ``args``: its result, or NotImplemented where it
+    does not apply or is not built (the caller then runs its numpy kernel)."""
+    fast = native(name)
+    return NotImplemented if fast is None else fast(*args)

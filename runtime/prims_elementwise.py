@@ -11,7 +11,7 @@ import numpy as np
 
 from compiled_autograd.runtime.prims import (as_array, broadcast_shapes, compare_meta, dtype_of,
                            elementwise_meta, is_scalar, ops, prim, same_meta, shape_of, sum_to)
-from compiled_autograd.runtime.kernels import native
+from compiled_autograd.runtime.kernels import call_native
 from compiled_autograd.runtime.lowering import Elementwise
 from compiled_autograd.runtime.special import erf as _erf
 
@@ -196,12 +196,8 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 @prim("gelu", meta=same_meta, save=(0,),
       c=Elementwise('{% if approximate == "tanh" %}ca_gelu_tanh_{{ sfx }}({{ a }}){% else %}ca_gelu_{{ sfx }}({{ a }}){% endif %}'))
 def gelu(x, approximate="none"):
-    fast = native("gelu")
-    if fast is not None:
-        out = fast(x, approximate == "tanh")
-        if out is not NotImplemented:
-            return out
-    return gelu_numpy(x, approximate)
+    out = call_native("gelu", x, approximate == "tanh")
+    return gelu_numpy(x, approximate) if out is NotImplemented else out
 
 
 def gelu_numpy(x, approximate="none"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from compiled_autograd.runtime.lowering import Reduction, Template
-from compiled_autograd.runtime.kernels import native
+from compiled_autograd.runtime.kernels import call_native
 from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, prim, shape_of, sum_to
 
 
@@ -108,12 +108,8 @@ def _same_meta(x, **_):
 @prim("softmax", meta=_same_meta, save=("out",), index_params=("dim",),
       c=Template("softmax.c.j2", kind="row_softmax", log=False))
 def softmax(x, dim):
-    fast = native("softmax")
-    if fast is not None:
-        out = fast(x, dim, False)
-        if out is not NotImplemented:
-            return out
-    return softmax_numpy(x, dim)
+    out = call_native("softmax", x, dim, False)
+    return softmax_numpy(x, dim) if out is NotImplemented else out
 
 
 def softmax_numpy(x, dim):
@@ -134,12 +130,8 @@ def _(ctx, g):
 @prim("log_softmax", meta=_same_meta, save=("out",), index_params=("dim",),
       c=Template("softmax.c.j2", kind="row_softmax", log=True))
 def log_softmax(x, dim):
-    fast = native("softmax")
-    if fast is not None:
-        out = fast(x, dim, True)
-        if out is not NotImplemented:
-            return out
-    return log_softmax_numpy(x, dim)
+    out = call_native("softmax", x, dim, True)
+    return log_softmax_numpy(x, dim) if out is NotImplemented else out
 
 
 def log_softmax_numpy(x, dim):
@@ -162,12 +154,8 @@ def _(ctx, g):
 def layer_norm(x, ndim, eps):
     """Normalise over the last ``ndim`` dims (biased variance); the affine part is
     ordinary mul/add ops."""
-    fast = native("layer_norm")
-    if fast is not None:
-        out = fast(x, ndim, eps)
-        if out is not NotImplemented:
-            return out
-    return layer_norm_numpy(x, ndim, eps)
+    out = call_native("layer_norm", x, ndim, eps)
+    return layer_norm_numpy(x, ndim, eps) if out is NotImplemented else out
 
 
 def layer_norm_numpy(x, ndim, eps):

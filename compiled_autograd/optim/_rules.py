@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiled_autograd.runtime.kernels import native
+from compiled_autograd.runtime.kernels import call_native
 
 # Options torch's optimizers take that ca has no use for: accepted at their defaults
 # (so torch's param_groups and state_dicts load), refused when asked for.
@@ -27,10 +27,8 @@ def axpy_(out, a, alpha, b, tmp, xp=np):
     """``out = a + alpha * b`` (``out`` may be ``a`` or ``b``): numpy's two passes
     (``b * alpha`` into ``tmp``, then the add), or, on arrays, the same roundings in
     one pass in C (``kernels.c``'s ``axpy``) where it applies."""
-    if xp is np:
-        fast = native("axpy")
-        if fast is not None and fast(out, a, alpha, b) is not NotImplemented:
-            return out
+    if xp is np and call_native("axpy", out, a, alpha, b) is not NotImplemented:
+        return out
     xp.multiply(b, alpha, out=tmp)
     xp.add(a, tmp, out=out)
     return out
