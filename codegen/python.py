@@ -17,7 +17,8 @@ as ``_r_<prim>``: the same kernel in the first, accounted as category
 The value a ``store`` writes, and the chain of arithmetic right before it, is
 computed straight into the stored array (``ir.passes.in_place_writes``; the prim's
 numpy ufunc with ``out=``, as ``_u_<prim>``): an optimizer's update traced into the
-backward allocates what its eager form does.
+backward allocates what its eager form does. A scaled add there, ``a + s * b``, is
+one call (``_scaled_add``: one pass in C, numpy's roundings).
 """
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ from functools import partial
 import jinja2
 
 from compiled_autograd.ir.graph import Node, fresh_and_only_here
-from compiled_autograd.ir.passes import in_place_writes
+from compiled_autograd.ir.passes import folded_operands, folded_last_uses, in_place_writes
 from compiled_autograd.compiled.hook_calls import CALL_HOOK, store
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from compiled_autograd.runtime import memory
+from compiled_autograd.runtime.kernels import scaled_add
 from compiled_autograd.runtime.loader import load_python
 from compiled_autograd.runtime.prims import PRIMS, run_kernel
 
@@ -79,11 +81,11 @@ class _Source:
         return self.const(v)  # dtypes, strings, non-finite floats, anything else
 
     def lines(self):
-        dies_after = self.graph.last_uses()
         self.out = in_place_writes(self.graph)
+        dies_after = folded_last_uses(self.graph, self.out)
         blocks, current = [], None
         for node in self.graph.nodes:
-            if node.op == "placeholder" or self.out.get(node) == "stored":
+            if node.op == "placeholder" or self.out.get(node) in ("stored", "folded"):
                 continue
             frees = [d.name for d in dies_after.get(node, ())
                      if not (d is node and not _has_value(node))]
@@ -122,6 +124,15 @@ class _Source:
         kernel = "_r_" if "recipe" in node.meta else "_k_"
         out = self.out.get(node)
         if out is not None:
+            folded = folded_operands(node, self.out)
+            if folded is not None:     # out = a + s * b in one pass
+                a, scale, b, negate = folded
+                scale = self.value(scale)
+                if negate:
+                    scale = {"kind": "lit", "text": f"-({scale['text']})"}
+                return dict(base, kind="prim", target="scaled_add", kernel="_",
+                            args=[self.value(out), self.value(a), scale, self.value(b)],
+                            kwargs=[])
             kernel, kwargs = "_u_", [("out", self.value(out))]
         return dict(base, kind="prim", target=node.target, kernel=kernel,
                     args=[self.value(a) for a in node.args], kwargs=kwargs)
@@ -164,6 +175,7 @@ class PythonBackward:
         for kind, fn in CALL_HOOK.items():
             fast[f"_h_{kind}"] = fn
         fast["_store"] = store
+        fast["_scaled_add"] = scaled_add
         self.filename, fast = load_python(self.code, fast)
         self.fast = fast["compiled_backward"]
         accounted = dict(fast)

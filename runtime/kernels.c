@@ -212,7 +212,8 @@ static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t 
    The same roundings as numpy's two passes: alpha cast to the arrays' dtype, the
    product rounded, then the sum (-std=c11: no fused multiply-add). All three
    C-contiguous native float32 or float64 arrays of one dtype and size (out may be
-   a or b), out writeable; else NotImplemented. Returns None. */
+   a or b, but overlap neither shifted), out writeable; else NotImplemented.
+   Returns None. */
 static PyObject *k_axpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -240,6 +241,15 @@ static PyObject *k_axpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (!PyArray_ISWRITEABLE((PyArrayObject *)args[0]))
         return not_implemented();
+    /* out may be a or b, element for element; an input that overlaps out shifted
+       (views of one buffer) would read what this pass already wrote. */
+    const char *o = PyArray_BYTES((PyArrayObject *)args[0]);
+    const npy_intp bytes = n * PyArray_ITEMSIZE((PyArrayObject *)args[0]);
+    for (int k = 1; k < 3; k++) {
+        const char *x = PyArray_BYTES((PyArrayObject *)arrays[k]);
+        if (x != o && x < o + bytes && o < x + bytes)
+            return not_implemented();
+    }
     PyThreadState *ts = n >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
     if (type == NPY_FLOAT32) {
         float *out = PyArray_DATA((PyArrayObject *)args[0]);

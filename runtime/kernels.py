@@ -4,7 +4,8 @@ gives ``NotImplemented`` where the C does not apply (not an ndarray of native
 float32/float64) or is not built, and the prim's numpy kernel runs.
 The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
 two (values, dtypes, layouts, empty arrays, NaN and infinities). ``axpy`` (``out =
-a + alpha * b`` in one pass) serves the optimizers' rules (``optim._rules.axpy_``).
+a + alpha * b`` in one pass) serves the optimizers' rules (``optim._rules.axpy_``)
+and the "python" backend's scaled adds (``scaled_add``, ``ir.passes.in_place_writes``).
 
 Part of the forward's C path: built on first use like ``forward.c``
 (``compiled_autograd.runtime.extension``, optimised as the generated C is), and turned off with it by
@@ -14,6 +15,8 @@ codegen pastes it into the generated code."""
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from compiled_autograd.runtime.extension import Extension
 
@@ -35,3 +38,12 @@ def call_native(name: str, *args):
     does not apply or is not built (the caller then runs its numpy kernel)."""
     fast = native(name)
     return NotImplemented if fast is None else fast(*args)
+
+
+def scaled_add(out, a, alpha, b):
+    """``out = a + alpha * b`` (``out`` may be ``a`` or ``b``), as numpy computes it
+    in two passes -- ``b * alpha``, rounded, then the sum -- in one pass where
+    ``axpy`` applies; else numpy's two, through a temporary. Returns ``out``."""
+    if call_native("axpy", out, a, alpha, b) is NotImplemented:
+        np.add(a, np.multiply(b, alpha), out=out)
+    return out

@@ -3,8 +3,9 @@
 - ``eliminate_dead_code``: drop pure nodes nobody uses; hooks and stores (side
   effects) stay.
 - ``in_place_writes``: which nodes a backend may compute straight into the array
-  a ``store`` writes (no pass over the graph: a decision the Python backend and the
-  memory schedule share).
+  a ``store`` writes, and which scaled adds it computes in one pass (no pass over
+  the graph: a decision the Python backend and the memory schedule share, with
+  ``folded_last_uses``).
 - ``place_reads``: move each read of a boxed value (``getitem``) and each
   ``unpack_hook`` call to just before its first user -- progressive unpacking: a
   checkpointed segment is recomputed, an offloaded value reloaded, only when the
@@ -13,6 +14,9 @@
 """
 from __future__ import annotations
 
+import numpy as np
+
+from compiled_autograd.ir.symbolic import SymFloat, SymInt
 from compiled_autograd.runtime.prims import PRIMS
 
 
@@ -93,7 +97,13 @@ def in_place_writes(graph) -> dict:
       maps to "stored";
     - another operation whose value only flows into stores writes over an operand
       of its own static shape and dtype that dies there: a fresh array that no view
-      shares and nothing else holds (a gradient scaled by the learning rate)."""
+      shares and nothing else holds (a gradient scaled by the learning rate);
+    - a scaled add ``a + s * b`` or ``a - s * b`` computed into an array, ``s`` a
+      scalar and ``a``, ``b`` float arrays of its shape and dtype, right after the
+      multiplication (reads of boxed values aside), which nothing else uses: the
+      multiplication maps to "folded", and the add is one pass (``kernels.c``'s
+      ``axpy``: the same roundings as the two), reading ``b`` where it runs
+      (``read_positions``)."""
     out = {}
     nodes = graph.nodes
     if not any(n.op == "call_function" and n.target == "store" for n in nodes):
@@ -132,6 +142,28 @@ def in_place_writes(graph) -> dict:
                     _static_meta(prev) != meta:
                 break
             out[prev], j, later = dst, j - 1, prev
+    for i, node in enumerate(nodes):
+        dst = out.get(node)
+        if dst is None or dst == "stored" or node.target not in ("add", "sub"):
+            continue
+        j = i - 1
+        while j >= 0 and _is_read(nodes[j]):
+            j -= 1
+        scaling = nodes[j] if j >= 0 else None
+        if scaling is None or scaling is dst or scaling.target != "mul" or \
+                not _writes_in_place(scaling) or list(scaling.users) != [node]:
+            continue
+        meta = _static_meta(node)
+        if meta is None or meta[1] not in _FLOATS or _static_meta(scaling) != meta:
+            continue
+        # (sub: only a - s * b; the other operand an array of the same layout)
+        first, second = node.args
+        other = first if second is scaling else \
+            second if first is scaling and node.target == "add" else None
+        if other is None or _static_meta_of(other) != meta or \
+                _scale_of(scaling, meta) is None:
+            continue
+        out[scaling] = "folded"
     return out
 
 
@@ -141,3 +173,46 @@ def _owned(value) -> bool:
     def plain(n):
         return n.op == "call_function" and n.target in PRIMS and not PRIMS[n.target].view
     return plain(value) and "recipe" not in value.meta and all(plain(u) for u in value.users)
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _static_meta_of(value):
+    return _static_meta(value) if hasattr(value, "op") else None
+
+
+def _scale_of(mul, meta):
+    """(array, scalar) of ``mul``: one operand a node of ``meta``, the other a
+    number (not a node), or None."""
+    x, y = mul.args
+    if hasattr(y, "op"):
+        x, y = y, x
+    if hasattr(y, "op") or _static_meta_of(x) != meta or isinstance(y, bool) or \
+            not isinstance(y, (int, float, SymFloat, SymInt)):
+        return None
+    return x, y
+
+
+def folded_operands(node, out):
+    """(a, scalar, b, negate) of a scaled add ``node`` whose multiplication is
+    "folded" in ``out`` (``in_place_writes``), else None."""
+    if node.target not in ("add", "sub"):
+        return None
+    for k, arg in enumerate(node.args):
+        if hasattr(arg, "op") and out.get(arg) == "folded":
+            b, s = _scale_of(arg, _static_meta(arg))
+            return node.args[1 - k], s, b, node.target == "sub"
+    return None
+
+
+def folded_last_uses(graph, out) -> dict:
+    """``graph.last_uses()``, where a folded multiplication's inputs die at its add
+    (the one pass reads them there) and the folded value frees nothing."""
+    dies_after = graph.last_uses()
+    for n, d in out.items():
+        if d == "folded":
+            user = next(iter(n.users))
+            moved = dies_after.pop(n, [])
+            dies_after[user] = [v for v in dies_after.get(user, ()) if v is not n] + moved
+    return dies_after

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from compiled_autograd.ir.graph import STRUCTURAL, fresh_and_only_here
-from compiled_autograd.ir.passes import in_place_writes
+from compiled_autograd.ir.passes import folded_last_uses, in_place_writes
 from compiled_autograd.runtime.prims import PRIMS
 
 
@@ -112,8 +112,8 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
     """Plan the live bytes of ``graph``. ``packed_kinds[j]`` says what
     ``packed_data[j]`` is: ("checkpoint", segment, alias), ("offload", None) or
     ("hook", None)."""
-    dies_after = graph.last_uses()
     into = in_place_writes(graph)    # (values the Python backend computes into an input)
+    dies_after = folded_last_uses(graph, into)
     storage_of, owners, size, category, source = {}, {}, {}, {}, {}
     group_members: dict = {}
     for node in graph.nodes:
@@ -141,7 +141,9 @@ def memory_schedule(graph, packed_kinds=()) -> MemorySchedule:
             base = next((a for a in node.args if hasattr(a, "op")), None)
             if node in into:
                 base = into[node]       # (an input: made before the backward)
-            if (prim.view or node in into) and base is not None:
+            if into.get(node) == "folded":   # (computed inside its add: no array)
+                pass
+            elif (prim.view or node in into) and base is not None:
                 if base in storage_of:  # else a view of a value made before the backward
                     own(node, storage_of[base], 0, category.get(storage_of[base], "gradient"))
             else:
