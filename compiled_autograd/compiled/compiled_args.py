@@ -216,22 +216,22 @@ class CompiledNodeArgs:
             self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
-    def collect_tensors(self, tensors) -> None:
+    def collect_tensors(self, tensors, what=("tensors",)) -> None:
         """Tensors whose arrays are runtime inputs (a traced hook's parameter and
-        state), as ``collect_tensor`` collects each, in one key item."""
+        state), as ``collect_tensor`` collects each, in one key item: ``what``
+        (a tuple), then each one's dtype and number of dimensions."""
         record, sizes, inputs = self.record, self.sizes, self.inputs
-        items = []
+        item = list(what)
         for tensor in tensors:
             data = tensor._data
-            shape = data.shape
             if record:
                 where = ("tensor", id(tensor))
                 self.size_pos[where] = len(sizes)
                 self.slot[where] = ("inputs", len(inputs))
-            sizes.extend(shape)
+            sizes += data.shape
             inputs.append(data)
-            items.append((data.dtype, len(shape)))
-        self.key.append(("tensors", tuple(items)))
+            item += (data.dtype, data.ndim)
+        self.key.append(tuple(item))
 
     def collect_scalar(self, owner, value) -> int:
         """A Python float lifted into the runtime ``scalars`` (a traced hook's

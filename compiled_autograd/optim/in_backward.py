@@ -60,10 +60,10 @@ class UpdateHook:
     """The post-accumulate-grad hook of one parameter: its update (called as
     Python by eager autograd, traced by compiled autograd)."""
 
-    __slots__ = ("owner", "__weakref__")
+    __slots__ = ("owner", "index", "__weakref__")
 
-    def __init__(self, owner):
-        self.owner = owner
+    def __init__(self, owner, index):
+        self.owner, self.index = owner, index     # (the optimizer's, its group's)
 
     def __call__(self, param):
         # A parameter DistributedDataParallel averages is updated once its
@@ -75,7 +75,7 @@ class UpdateHook:
         self.owner._update_hook(param)
 
     def compiled_args(self, args, param) -> bool:
-        return self.owner._compiled_args(self, args, param)
+        return self.owner._compiled_args(self.index, args, param)
 
     def apply_with_saved(self, param, grad, swap) -> None:
         self.owner._apply_with_saved(self, param, grad, swap)
@@ -124,49 +124,59 @@ class OptimizerInBackward(Optimizer):
     def _hook_group(self, index):
         for p in self.param_groups[index]["params"]:
             self._group_of[id(p)] = index
-            self._handles.append(p.register_post_accumulate_grad_hook(UpdateHook(self)))
+            self._handles.append(p.register_post_accumulate_grad_hook(UpdateHook(self, index)))
 
-    def _compiled_args(self, hook, args, p) -> bool:
-        """Collect the traced update of ``p`` (see the module doc), or say False."""
+    def _compiled_args(self, index, args, p) -> bool:
+        """Collect the traced update of ``p``, of group ``index`` (see the module
+        doc), or say False. (Per parameter, at every backward: kept lean.)"""
         opt = self.optimizer
-        group = self.param_groups[self._group_of[id(p)]]
         state = opt.state.get(p, _NO_STATE)
-        data = p._data
-        if (p.grad is not None or len(p._post_accumulate_grad_hooks) != 1
-                or data.dtype.kind != "f" or not opt._state_ready(state, group)):
+        if p._grad is not None or len(p._post_accumulate_grad_hooks) != 1:
             return False
-        flags = data.flags
-        if not (flags.c_contiguous and flags.writeable):
+        data = p._data
+        dtype, shape = data.dtype, data.shape
+        if dtype.kind != "f" or not data.flags.carray:
             return False
         for t in state.values():
             a = t._data
-            flags = a.flags
-            # (a state array of the parameter's shape in another dtype: eager
-            # computes in the parameter's scratch dtype, the traced chain does not;
-            # the step count is a float32 0-d array whatever the parameter's dtype)
-            if not (flags.c_contiguous and flags.writeable) or (
-                    a.dtype != data.dtype and a.shape == data.shape):
+            # (C-contiguous, aligned and writeable; a state array of the
+            # parameter's shape in another dtype: eager computes in the
+            # parameter's scratch dtype, the traced chain does not; the step
+            # count is a float32 0-d array whatever the parameter's dtype)
+            if not a.flags.carray or (a.dtype != dtype and a.shape == shape):
                 return False
-        # Once per backward and group: its flags, the list of the parameters
-        # updated (whose eager calls' other effects run after it), and the floats'
-        # positions if they do not depend on the state.
-        gid = id(group)
-        memo = args.memo.get((id(self), gid))
-        if memo is None:
-            memo = args.memo[(id(self), gid)] = [tuple(_flags(group).items()), [], None]
-            args.after_run.append(partial(self._stepped, memo[1]))
-        positions = memo[2]
-        if positions is None:
-            # The floats: one runtime scalar per group, name and value (a group's lr
-            # is one scalar for all its parameters), their positions in the key.
-            positions = tuple([args.collect_scalar((gid, name, value), value)
-                               for name, value in opt._scalars(group, state).items()])
-            if not opt._scalars_read_state:
-                memo[2] = positions
-        args.collect(("optimizer update", type(opt), memo[0], tuple(state), positions))
-        args.collect_tensors((p, *state.values()))
-        memo[1].append(p)
+        # What the parameters of a group share is collected once per backward (and
+        # per value of what of the state the floats read: Adam's step count), as
+        # one key item the parameter's own item names by its position.
+        memo_key = (id(self), index, opt._scalars_key(state) if state else None, *state)
+        shared = args.memo.get(memo_key)
+        if shared is None:
+            shared = args.memo[memo_key] = self._collect_shared(args, index, state)
+        if shared is False:
+            return False
+        args.collect_tensors((p, *state.values()), ("optimizer update", shared[0]))
+        shared[1].append(p)
         return True
+
+    def _collect_shared(self, args, index, state):
+        """The key item the parameters of group ``index`` whose state has the keys
+        and floats of ``state`` share: its position in the key, and the list of
+        those updated (whose eager calls' other effects run after the backward);
+        or False if their update cannot be traced."""
+        opt = self.optimizer
+        group = self.param_groups[index]
+        if not opt._state_ready(state, group):
+            return False
+        # The floats: one runtime scalar per group, name and value (a group's lr is
+        # one scalar for all its parameters), their positions in the key.
+        gid = id(group)
+        positions = tuple([args.collect_scalar((gid, name, value), value)
+                           for name, value in opt._scalars(group, state).items()])
+        args.collect(("optimizer update", type(opt), tuple(_flags(group).items()),
+                      tuple(state), positions))
+        updated = []
+        args.after_run.append(partial(self._stepped, updated))
+        return len(args.key) - 1, updated
 
     def _stepped(self, params):
         """What the updates' eager calls do besides the arithmetic, once the

@@ -202,11 +202,12 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
-        with no_grad():
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        self._step_param(p, group)
+        todo = [(p, group) for group in self.param_groups for p in group["params"]
+                if p.grad is not None]    # (none after a backward that updated them)
+        if todo:
+            with no_grad():
+                for p, group in todo:
+                    self._step_param(p, group)
         return loss
 
     # ------------------------------------------------------------ hooks (torch's)
@@ -269,10 +270,15 @@ class Optimizer:
 
     def _state_ready(self, state, group) -> bool:
         """Whether ``state`` holds every array an update of ``group`` writes (a
-        traced update has no first step: it writes arrays that exist)."""
+        traced update has no first step: it writes arrays that exist). Depends on
+        the group and the state's keys only (asked once per backward for them)."""
         return bool(state)
 
-    _scalars_read_state = True    # (False: ``_scalars`` reads only the group)
+    def _scalars_key(self, state):
+        """What of ``state`` the floats of ``_scalars`` read (None: they read only the
+        group): a traced update collects the floats once per backward, group and
+        value of this."""
+        return float(state["step"]._data)
 
     def _scalars(self, group, state) -> dict:
         """The floats this update computes with (``sc`` of ``_update``): every

@@ -43,7 +43,8 @@ class RMSprop(Optimizer):
         # (its momentum buffer is made with the state: a momentum set later has none)
         return bool(state) and (group["momentum"] <= 0 or "momentum_buffer" in state)
 
-    _scalars_read_state = False
+    def _scalars_key(self, state):
+        return None
 
     def _scalars(self, group, state):
         return {k: group[k] for k in ("lr", "alpha", "eps", "weight_decay", "momentum")}

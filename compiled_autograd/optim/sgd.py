@@ -34,7 +34,8 @@ class SGD(Optimizer):
     def _state_ready(self, state, group):
         return group["momentum"] == 0 or state.get("momentum_buffer") is not None
 
-    _scalars_read_state = False
+    def _scalars_key(self, state):
+        return None
 
     def _scalars(self, group, state):
         return {"lr": group["lr"], "momentum": group["momentum"],
