@@ -488,17 +488,13 @@ class SavedVariable:
             raise RuntimeError(SECOND_BACKWARD_MSG)
         if self.unpack_hook is not None and self.packed_kind != "recipe":
             return  # the hooks own the value: no version to check (as torch)
-        current = self._version_counter.value
-        if current != self.saved_version:
-            tensor = self._tensor
-            if self.packed_kind == "recipe":   # (as the value saved as it is would say)
-                tensor = self._tensor_ref() if self._tensor_ref is not None else None
-            if tensor is not None and tensor._grad_fn is not None:
-                origin = f", which is output {self._output_nr} of {tensor._grad_fn.name()},"
-            elif tensor is None and (self.packed_kind != "recipe" or self._tensor_ref is None):
-                origin = f", which is output {self._output_nr} of {node_name},"
-            else:
-                origin = ""
+        self.check_version(node_name)
+
+    def check_version(self, node_name: str, origin: str | None = None) -> None:
+        """Raise the torch error if this value was modified in place (also once
+        released: a compiled backward's check after a call into Python)."""
+        if (current := self._version_counter.value) != self.saved_version:
+            origin = self.origin(node_name) if origin is None else origin
             dims = ", ".join(str(d) for d in self.shape)
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified "
@@ -506,6 +502,17 @@ class SavedVariable:
                 f"at version {current}; expected version {self.saved_version} instead. "
                 "Hint: the backward of " + node_name + " needs this value; do the "
                 "in-place operation on a clone, or after the backward.")
+
+    def origin(self, node_name: str) -> str:
+        """How the error names the value: ", which is output k of <node>," or ""."""
+        tensor = self._tensor
+        if self.packed_kind == "recipe":   # (as the value saved as it is would say)
+            tensor = self._tensor_ref() if self._tensor_ref is not None else None
+        if tensor is not None and tensor._grad_fn is not None:
+            return f", which is output {self._output_nr} of {tensor._grad_fn.name()},"
+        if tensor is None and (self.packed_kind != "recipe" or self._tensor_ref is None):
+            return f", which is output {self._output_nr} of {node_name},"
+        return ""
 
     def unpack_array(self, node_name: str):
         """The saved value as an ndarray (the eager engine's fast path)."""

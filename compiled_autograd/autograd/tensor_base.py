@@ -20,12 +20,15 @@ DEFAULT_FLOAT = np.dtype(np.float32)
 class VersionCounter:
     __slots__ = ("value",)
 
+    writes = 0    # in-place writes to any storage (a compiled backward asks: any since?)
+
     def __init__(self):
         self.value = 0
 
     def bump(self) -> None:
         """An in-place write to the storage this counts."""
         self.value += 1
+        VersionCounter.writes += 1
 
 
 def type_name(dtype) -> str:

@@ -42,6 +42,8 @@ class CompiledBackward:
     packed_kinds: list = None
     # node rank -> which gradients its call_backward node gives the graph
     backward_calls: dict = None
+    # per call into Python, the saved values read after it (passes.saved_reads_after_callbacks)
+    version_checks: tuple = ()
 
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
@@ -164,7 +166,8 @@ def _compile(task, roots, collected, key, context, n_captures, dynamic, none_mas
     stats["compile_seconds"] += time.perf_counter() - start
     log_event("graph", f"compiled autograd graph {stats['captures']}:\n{graph}")
     return CompiledBackward(graph, fn, traced.constants, key, context.unpack,
-                            packed_kinds(collected), traced.backward_calls), env.guards
+                            packed_kinds(collected), traced.backward_calls,
+                            passes.saved_reads_after_callbacks(graph)), env.guards
 
 
 def run(roots, retain_graph, input_edges, accumulate, context):
@@ -204,12 +207,14 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
     try:
-        if not calls_python and not _memory.active():
-            out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
-                                  collected.scalars, collected.hooks, collected.packed_data)
-        else:
-            out = engine.run_task(task, False, _call_learning, task, entry, calls_python,
-                                  inputs, collected)
+        with hook_calls.checking_versions(entry.version_checks, collected.plain) \
+                if entry.version_checks else nullcontext():
+            if not calls_python and not _memory.active():
+                out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
+                                      collected.scalars, collected.hooks, collected.packed_data)
+            else:
+                out = engine.run_task(task, False, _call_learning, task, entry, calls_python,
+                                      inputs, collected)
     finally:
         # (also after a failure: its stores may have run)
         for effect in collected.after_run:

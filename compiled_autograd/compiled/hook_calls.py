@@ -4,10 +4,17 @@ what a ``store`` node does: ``store``).
 A compiled backward carries arrays; user hooks see Tensors, as in eager. These
 functions wrap, call, check and unwrap; the interpreter and the generated code both
 call them (``CALL_HOOK[kind]``).
+
+A hook or a custom backward may modify a saved tensor in place. Eager raises when
+the node that saved it unpacks it; a compiled backward read every saved value's
+version when it started, so after each call into Python it checks the values read
+before the next call -- only if anything was written in place since it started
+(``VersionCounter.writes``): ``checking_versions``, ``after_python``.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -17,6 +24,49 @@ from compiled_autograd.autograd.hooks import (check_hook_result,
                                               check_post_accumulate_grad_result, hook_name)
 from compiled_autograd.autograd.node import accumulate_into, checked_unpack
 from compiled_autograd.autograd.tensor import Tensor
+from compiled_autograd.autograd.tensor_base import VersionCounter
+
+_versions = threading.local()
+
+
+@contextlib.contextmanager
+def checking_versions(checks, plain):
+    """While a compiled backward runs: ``checks[k]``, the saved values (``plain[i]``,
+    the node that needs it) read after its k-th call into Python and before the next
+    (``passes.saved_reads_after_callbacks``)."""
+    stack = getattr(_versions, "stack", None)
+    if stack is None:
+        stack = _versions.stack = []
+    stack.append([checks, plain, 0, VersionCounter.writes])
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def after_python():
+    """A call into Python returned: if anything was written in place since the
+    backward started, the saved values read before the next call must be the
+    versions they were saved at (eager's error, as the node unpacking them raises)."""
+    stack = getattr(_versions, "stack", None)
+    if not stack:
+        return
+    run = stack[-1]
+    checks, plain, k, writes = run
+    run[2] = k + 1
+    if VersionCounter.writes != writes and k < len(checks):
+        for i, name, origin in checks[k]:
+            plain[i].check_version(name, origin)
+
+
+def _calls_python(kind):
+    """A hook kind that runs the user's code: ``after_python`` once it returned."""
+    @functools.wraps(kind)
+    def call(*args):
+        result = kind(*args)
+        after_python()
+        return result
+    return call
 
 
 def _tensor(a):
@@ -31,12 +81,14 @@ def _array(result, like, hook):
     return result._data
 
 
+@_calls_python
 def unpack_hook(hook, packed, shape=None):
     """A saved value under saved-tensor hooks: recompute, reload, ... ``shape``:
     the saved value's, which the result must have."""
     return checked_unpack(hook(packed), shape)._data
 
 
+@_calls_python
 def tensor_pre_hook(hook, grad):
     """A hook registered on a tensor: may replace its gradient."""
     result = hook(_tensor(grad))
@@ -61,12 +113,14 @@ def _replaced(result, grads, hook):
     return tuple(out)
 
 
+@_calls_python
 def pre_hook(hook, *grads):
     """A node pre-hook: may replace the node's incoming gradients."""
     result = hook(tuple(_tensor(g) for g in grads))
     return grads if result is None else _replaced(result, grads, hook)
 
 
+@_calls_python
 def post_hook(hook, n_inputs, *grads):
     """A node post-hook ``hook(grad_inputs, grad_outputs)``: may replace grad_inputs."""
     grad_inputs, grad_outputs = grads[:n_inputs], grads[n_inputs:]
@@ -75,6 +129,7 @@ def post_hook(hook, n_inputs, *grads):
     return tuple(grad_inputs) if result is None else _replaced(result, grad_inputs, hook)
 
 
+@_calls_python
 def call_backward(ctx, takes, n_saved, *values):
     """A custom Function's backward, run as Python: ``values`` are its saved
     values (``n_saved`` of them), then its incoming gradients; ``takes[i]``:
@@ -139,6 +194,7 @@ def store(dst, src):
     np.copyto(dst, src)
 
 
+@_calls_python
 def post_acc_grad_hook(hook, variable):
     check_post_accumulate_grad_result(hook(variable), variable)
 

@@ -231,6 +231,9 @@ class Tracer:
             if where[0] == "saved":
                 node = self.getitem("inputs", self.n_roots + where[1], shape, sv.dtype,
                                     name="saved")
+                # (its SavedVariable, plain[i], and how eager's error names it:
+                # passes.saved_reads_after_callbacks)
+                node.meta["saved"] = (where[1], sv.origin(self.source or "backward"))
             else:
                 _, hook_i, packed_i = where
                 hook = self.getitem("hooks", hook_i, name="hook")

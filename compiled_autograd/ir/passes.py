@@ -6,6 +6,8 @@
   a ``store`` writes, and which scaled adds it computes in one pass (no pass over
   the graph: a decision the Python backend and the memory schedule share, with
   ``folded_last_uses``).
+- ``saved_reads_after_callbacks``: which saved values each call into Python comes
+  before (their version is checked after it, as eager checks at unpack).
 - ``place_reads``: move each read of a boxed value (``getitem``) and each
   ``unpack_hook`` call to just before its first user -- progressive unpacking: a
   checkpointed segment is recomputed, an offloaded value reloaded, only when the
@@ -67,6 +69,28 @@ def place_reads(graph, unpack="progressive") -> None:
         if n not in placed and (n not in movable or not n.users):
             place(n)
     graph.nodes = order
+
+
+def saved_reads_after_callbacks(graph) -> tuple:
+    """For each call into Python (a ``call_hook`` node other than an accumulation,
+    in program order): the saved values read after it and before the next one, as
+    (i, name, origin) -- ``plain[i]`` of the collected args (meta "saved"), the node
+    whose backward needs it. A hook or custom backward may modify a saved tensor in
+    place; eager raises when the node that saved it unpacks it, so a compiled
+    backward checks, after each such call, the versions of the values read before
+    the next (``hook_calls.after_python``); with how eager's error names the value
+    (``SavedVariable.origin``). () when no value is read after one."""
+    sites, current = [], None
+    for node in graph.nodes:
+        if node.op == "call_hook" and node.target != "accumulate_grad":
+            current = []
+            sites.append(current)
+        elif current is not None and _is_read(node) and "saved" in node.meta:
+            i, origin = node.meta["saved"]
+            current.append((i, node.meta.get("source") or "backward", origin))
+    if not any(sites):
+        return ()
+    return tuple(tuple(site) for site in sites)
 
 
 def _static_meta(node):

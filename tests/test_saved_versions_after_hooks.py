@@ -1,0 +1,121 @@
+"""A hook (or a custom backward) that modifies a saved tensor in place, during the
+backward, before the node that saved it runs: eager raises when that node unpacks
+it. A compiled backward read every saved value's version when it started; it now
+checks, after each call into Python, the values read before the next one, and
+raises eager's error, word for word (``passes.saved_reads_after_callbacks``,
+``hook_calls.after_python``). Before, "python" and "c" gave a wrong gradient
+silently (torch 2.13's compiled autograd does the same). A write to a value already
+used, or to none saved, is no error, as in eager."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.compiled import cache
+
+from helpers import BACKENDS
+
+
+def _backward(loss, backend):
+    ctx = (contextlib.nullcontext() if backend is None
+           else ca.compiled_backward(backend=backend))
+    with ctx:
+        loss.backward()
+
+
+def _graph(write):
+    """loss = sum(exp(3x) * w), a tensor hook on exp(3x) * w that runs ``write(b)``
+    (b = exp(3x), saved by both ExpBackward and MulBackward, which run after it)."""
+    x = ca.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    w = ca.tensor(np.array([2.0, 2.0, 2.0]), requires_grad=True)
+    b = (x * 3).exp()
+    c = b * w
+
+    def hook(g):
+        with ca.no_grad():
+            write(b)
+        return g
+    c.register_hook(hook)
+    return x, w, c.sum()
+
+
+def _outcome(write, backend):
+    x, w, loss = _graph(write)
+    try:
+        _backward(loss, backend)
+    except RuntimeError as e:
+        return str(e), x.grad, w.grad
+    return None, x.grad.numpy(), w.grad.numpy()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hook_modifying_a_saved_value_raises_eagers_error(backend):
+    ca.reset_compiled_autograd()
+    expected = _outcome(lambda b: b.mul_(10), None)
+    assert "modified by an inplace operation" in expected[0]
+    for _ in range(2):       # the capture, then a cache hit
+        got = _outcome(lambda b: b.mul_(10), backend)
+        assert got[0] == expected[0]
+        assert got[1] is None and got[2] is None       # nothing accumulated
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hook_writing_nothing_saved_changes_nothing(backend):
+    ca.reset_compiled_autograd()
+    other = ca.zeros(3)
+    expected = _outcome(lambda b: other.add_(1.0), None)
+    for _ in range(2):
+        got = _outcome(lambda b: other.add_(1.0), backend)
+        assert got[0] is None
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)
+        np.testing.assert_allclose(got[2], expected[2], rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_custom_backward_modifying_a_value_saved_for_a_later_node_raises(backend):
+    writes = []
+
+    class Scale(ca.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.y = y
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            if writes:
+                with ca.no_grad():
+                    ctx.y.mul_(2)         # y is saved by the tanh below (its output)
+            return g * 2, None
+
+    def run(backend):
+        x = ca.tensor(np.array([0.5, -1.0]), requires_grad=True)
+        y = (x * 1.5).tanh()
+        loss = Scale.apply(y, y).sum()
+        try:
+            _backward(loss, backend)
+        except RuntimeError as e:
+            return str(e)
+        return x.grad.numpy()
+
+    ca.reset_compiled_autograd()
+    for _ in range(2):      # (a custom backward's first run is eager: then compiled)
+        np.testing.assert_array_equal(run(backend), run(None))
+    hits = ca.compiled_autograd_stats()["cache_hits"]
+    writes.append(True)
+    expected = run(None)
+    assert "modified by an inplace operation" in expected
+    assert run(backend) == expected
+    assert ca.compiled_autograd_stats()["cache_hits"] > hits
+
+
+def test_no_check_where_no_value_is_read_after_a_hook():
+    ca.reset_compiled_autograd()
+    x = ca.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    x.register_hook(lambda g: g * 2)       # (on the leaf: after every saved value's read)
+    _backward((x.exp() * x).sum(), "python")
+    (entry,) = [e for fam in cache.families.values() for _, _, e in fam.entries]
+    assert entry.version_checks == ()
