@@ -54,6 +54,8 @@ SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 FRONT_STATES = 3_000  # past them, the bound's front (exact.bound_front) up to this many states
 FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per question
+BUDGET_STATES = 2_500   # else the bound's DP for one budget (cheaper plans only), up to this
+BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 
 
 class _Planner:
@@ -103,10 +105,12 @@ class _Planner:
     def front_cheapest(self, chosen):
         """The cheapest of the front's plans whose bound fits the budget, simulated
         in order of cost until one fits (up to ``FRONT_TRIALS``), if it is cheaper
-        than ``chosen``; else ``chosen``."""
+        than ``chosen``; else ``chosen``. Where the whole front is too big, the
+        bound's DP for this budget, for plans cheaper than ``chosen``
+        (``_budget_cheapest``)."""
         front = self.front()
         if front is None:
-            return chosen
+            return self._budget_cheapest(chosen)
         fitting = sorted((c, p, plan) for p, c, plan in front.points if p <= self.budget)
         for cost, _, plan in fitting[:FRONT_TRIALS]:
             if chosen is not None and cost >= chosen.cost:
@@ -114,6 +118,31 @@ class _Planner:
             s = self.sim(plan)
             if s.peak <= self.budget:
                 return s if chosen is None or s.cost < chosen.cost else chosen
+        return chosen
+
+    def _budget_cheapest(self, chosen):
+        """A plan cheaper than ``chosen`` from the bound's DP for this budget
+        (``exact.bound_front`` with a budget and ``chosen``'s cost as a limit):
+        its plans, cheapest first, are simulated until one fits (up to
+        ``FRONT_TRIALS``). Exact when its first plan fits: no plan whose peak
+        fits costs less, since its bound fits too. The DP gives up past
+        ``BUDGET_STATES`` states at one decision (``chosen`` stays). When none fits (the bound leaves out a recomputation chain's values), the
+        DP runs again for a budget lower by the least excess, up to
+        ``BUDGET_ROUNDS`` times in all."""
+        target = self.budget
+        for _ in range(BUDGET_ROUNDS):
+            found = bound_front(self.profile, state_limit=BUDGET_STATES, budget=target,
+                                cost_limit=None if chosen is None else chosen.cost)
+            excess = None
+            for _, _, plan in found.points[:FRONT_TRIALS]:
+                s = self.sim(plan)
+                if s.peak <= self.budget:
+                    return s if chosen is None or s.cost < chosen.cost else chosen
+                excess = s.peak - self.budget if excess is None else \
+                    min(excess, s.peak - self.budget)
+            if excess is None:
+                return chosen
+            target -= excess
         return chosen
 
     def best(self, plans):
