@@ -474,3 +474,24 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
             front.append((p, c, plan))
             best_cost = c
     return Front(front, most, time.perf_counter() - start, len(order), len(order))
+
+
+def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3):
+    """(lo, hi): the least bound of any plan lies in (lo, hi], so every plan's
+    simulated peak is above ``lo`` -- by bisection on a budget, each step the
+    bound's DP for that budget asking only whether any plan's bound fits
+    (``bound_front(..., feasible_only=True)``), until ``hi - lo`` is at most
+    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's).
+    Where the DP gives up (over ``state_limit`` states), the bracket found so far
+    is returned, and ``lo`` is still proven."""
+    lo, hi = 0, int(high)
+    while hi - lo > tolerance * hi:
+        mid = (lo + hi) // 2
+        found = bound_front(profile, decisions, state_limit, budget=mid, feasible_only=True)
+        if not found.complete:
+            break
+        if found.points:
+            hi = min(p for p, _, _ in found.points)
+        else:
+            lo = mid
+    return lo, hi

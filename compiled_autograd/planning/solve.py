@@ -54,7 +54,7 @@ SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 FRONT_STATES = 3_000  # past them, the bound's front (exact.bound_front) up to this many states
 FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per question
-BUDGET_STATES = 2_500   # else the bound's DP for one budget (cheaper plans only), up to this
+BUDGET_STATES = 4_000   # else the bound's DP for one budget (cheaper plans only), up to this
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 
 
