@@ -37,7 +37,7 @@ import numpy as np
 from compiled_autograd.examples import build
 from compiled_autograd.planning.profile import profile_for_planning
 from compiled_autograd.planning.simulate import simulate
-from compiled_autograd.planning.exact import bound_front
+from compiled_autograd.planning.exact import bound_front, lowest_bound
 from compiled_autograd.planning.solve import _Planner, every_plan, lowest, solve
 
 EXACT_MAX = 12    # decisions: 2 ** 12 subsets at most

@@ -43,8 +43,9 @@ from compiled_autograd.planning.simulate import needed_values, simulate
 
 
 PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisection
-PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
-PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
+PRUNE_TRIALS = 12     # plans the pruning pass tries at least ...
+PRUNE_NODES = 60_000  # ... and at most this many backward graph nodes simulated in all
+PRUNE_GROUP = 8       # recomputations it first tries to drop at once
 FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
 ALL_PREFIXES = 40     # prefixes of the greedy order the lowest-peak search starts from
 DESCENT_TRIALS = 400  # plans its descent tries, at most ...
@@ -54,7 +55,8 @@ SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 FRONT_STATES = 3_000  # past them, the bound's front (exact.bound_front) up to this many states
 FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per question
-BUDGET_STATES = 4_000   # else the bound's DP for one budget (cheaper plans only), up to this
+BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one budget
+BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 
 
@@ -107,9 +109,11 @@ class _Planner:
         in order of cost until one fits (up to ``FRONT_TRIALS``), if it is cheaper
         than ``chosen``; else ``chosen``. Where the whole front is too big, the
         bound's DP for this budget, for plans cheaper than ``chosen``
-        (``_budget_cheapest``)."""
+        (``_budget_cheapest``), up to ``BUDGET_DECISIONS`` decisions."""
         front = self.front()
         if front is None:
+            if len(self.decisions()) > BUDGET_DECISIONS:
+                return chosen
             return self._budget_cheapest(chosen)
         fitting = sorted((c, p, plan) for p, c, plan in front.points if p <= self.budget)
         for cost, _, plan in fitting[:FRONT_TRIALS]:
@@ -243,16 +247,25 @@ class _Planner:
         return self.prune(self.sim(prefixes[hi]).recompute), prefixes
 
     def prune(self, recompute):
+        """Drop recomputations the budget does not need, dearest first: a group
+        of them is dropped at once if the peak still fits without it, else it is
+        split in halves and each tried (a greedy prefix carries many a cheap
+        recomputation that frees nothing the peak needs: views, both halves of a
+        pair). At most ``PRUNE_NODES`` backward graph nodes simulated, at least
+        ``PRUNE_TRIALS`` plans."""
         chosen = set(recompute)
-        # Drop recomputations the budget does not need, dearest first (the few
-        # that make most of the cost: each trial is a simulation).
-        total = sum(self.values[i].cost for i in chosen)
-        dear = sorted((i for i in chosen if self.values[i].cost > PRUNE_SHARE * total),
-                      key=lambda i: -self.values[i].cost)
-        for i in dear[:PRUNE_TRIALS]:
-            trial = chosen - {i}
+        dear = sorted(chosen, key=lambda i: (-self.values[i].cost, i))
+        trials = [max(PRUNE_TRIALS, PRUNE_NODES // max(len(self.profile.graph.nodes), 1))]
+        groups = [dear[k:k + PRUNE_GROUP] for k in range(0, len(dear), PRUNE_GROUP)]
+        while groups and trials[0] > 0:
+            group = groups.pop(0)
+            trials[0] -= 1
+            trial = chosen - set(group)
             if self.fits(trial):
                 chosen = trial
+            elif len(group) > 1:
+                half = len(group) // 2
+                groups[:0] = [group[:half], group[half:]]
         return self.sim(chosen)
 
     def repair(self, start):
