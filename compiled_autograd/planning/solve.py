@@ -38,7 +38,7 @@ import time
 
 import networkx as nx
 
-from compiled_autograd.planning.exact import bound_front
+from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front
 from compiled_autograd.planning.simulate import needed_values, simulate
 
 
@@ -77,6 +77,15 @@ class _Planner:
         return s
 
     def fits(self, recompute) -> bool:
+        # The bound (exact._Bound) is never above a plan's simulated peak, and costs
+        # far less than a simulation: a plan whose bound passes the budget does not
+        # fit (most of what pruning and the bisection try).
+        bound = getattr(self.profile, "peak_bound", None)
+        if bound is None:
+            bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+        if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
+                                for i in bound.decisions})[0]:
+            return False
         return self.sim(recompute).peak <= self.budget
 
     def front(self):
