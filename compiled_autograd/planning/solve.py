@@ -46,6 +46,8 @@ PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisect
 PRUNE_TRIALS = 12     # plans the pruning pass tries at least ...
 PRUNE_NODES = 60_000  # ... and at most this many backward graph nodes simulated in all
 PRUNE_GROUP = 8       # recomputations it first tries to drop at once
+REFILL_TRIALS = 4     # dearest recomputations the knapsack's plan tries to swap for cheaper
+REFILL_SIMULATIONS = 3   # ... each with at most this many plans simulated before pruning
 FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
 ALL_PREFIXES = 40     # prefixes of the greedy order the lowest-peak search starts from
 DESCENT_TRIALS = 400  # plans its descent tries, at most ...
@@ -253,22 +255,24 @@ class _Planner:
                 hi = mid
             else:
                 lo = mid + 1
-        return self.prune(self.sim(prefixes[hi]).recompute), prefixes
+        return self.refill(self.prune(self.sim(prefixes[hi]).recompute)), prefixes
 
-    def prune(self, recompute):
+    def prune(self, recompute, among=None):
         """Drop recomputations the budget does not need, dearest first: a group
         of them is dropped at once if the peak still fits without it, else it is
         split in halves and each tried (a greedy prefix carries many a cheap
         recomputation that frees nothing the peak needs: views, both halves of a
-        pair). At most ``PRUNE_NODES`` backward graph nodes simulated, at least
-        ``PRUNE_TRIALS`` plans."""
+        pair). Plans whose bound passes the budget cost no simulation
+        (``fits``); at most ``PRUNE_NODES`` backward graph nodes are simulated,
+        at least ``PRUNE_TRIALS`` plans. ``among``: only these may be dropped."""
         chosen = set(recompute)
-        dear = sorted(chosen, key=lambda i: (-self.values[i].cost, i))
-        trials = [max(PRUNE_TRIALS, PRUNE_NODES // max(len(self.profile.graph.nodes), 1))]
+        dear = sorted(chosen if among is None else chosen & set(among),
+                      key=lambda i: (-self.values[i].cost, i))
+        most = max(PRUNE_TRIALS, PRUNE_NODES // max(len(self.profile.graph.nodes), 1))
+        simulated = len(self.simulations)
         groups = [dear[k:k + PRUNE_GROUP] for k in range(0, len(dear), PRUNE_GROUP)]
-        while groups and trials[0] > 0:
+        while groups and len(self.simulations) - simulated < most:
             group = groups.pop(0)
-            trials[0] -= 1
             trial = chosen - set(group)
             if self.fits(trial):
                 chosen = trial
@@ -276,6 +280,43 @@ class _Planner:
                 half = len(group) // 2
                 groups[:0] = [group[:half], group[half:]]
         return self.sim(chosen)
+
+    def refill(self, chosen):
+        """Keep one of the dearest recomputations (up to ``REFILL_TRIALS`` of
+        them) and recompute cheaper values instead, cheapest first, until the
+        plan fits again, then prune: a plan that costs less replaces ``chosen``,
+        and the search goes on from it (the greedy order takes a dear value where
+        several cheap ones would do: a GELU output where the LayerNorms' would)."""
+        if chosen is None:
+            return None
+        tried, improved = set(), True
+        while improved:
+            improved = False
+            dear = sorted((i for i in chosen.recompute if i not in tried),
+                          key=lambda i: (-self.values[i].cost, i))[:REFILL_TRIALS]
+            for r in dear:
+                tried.add(r)
+                better = self._swap_out(chosen, r)
+                if better is not None:
+                    chosen, improved = better, True
+                    break
+        return chosen
+
+    def _swap_out(self, chosen, r):
+        values = self.values
+        plan = set(chosen.recompute) - {r}
+        simulated = len(self.simulations)
+        for k in sorted((k for k in self.decisions() if k not in plan and k != r),
+                        key=lambda k: (values[k].cost, k)):
+            if values[k].cost >= values[r].cost or \
+                    len(self.simulations) - simulated >= REFILL_SIMULATIONS:
+                return None
+            plan.add(k)
+            if self.fits(plan):   # (what was there before was pruned already)
+                better = self.prune(plan, among=plan - chosen.recompute)
+                return better if better.peak <= self.budget and \
+                    better.cost < chosen.cost else None
+        return None
 
     def repair(self, start):
         """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
