@@ -116,13 +116,14 @@ def main():
               f"{front.seconds:>7.2f}{states}", flush=True)
         if not front.complete:
             gave_up.append((label, front))
-        worst, lower, unknown = (0.0, None), False, []
+        worst = {True: (0.0, None), False: (0.0, None)}   # exact, and "<=" (bounded)
+        unknown = []
         low = exact if exact is not None else found.peak
         for fraction in np.linspace(low / base, 1.0, BUDGETS):
             budget = math.ceil(fraction * base)
             chosen, _, _, _ = solve(profile, budget)
             if chosen is None:
-                worst = (float("inf"), fraction)
+                worst[True] = (float("inf"), fraction)
                 continue
             if plans is not None:
                 cheapest, is_exact = min(s.cost for s in plans.values() if s.peak <= budget), True
@@ -140,19 +141,25 @@ def main():
                     is_exact = s.peak <= budget
                     cheapest = s.cost if is_exact else cost
             ratio = (chosen.cost + 1e-12) / (cheapest + 1e-12)
-            if ratio >= worst[0]:
-                worst, lower = (ratio, fraction), not is_exact
-        costs.append((label, "every plan" if plans is not None else "DP budget", worst, lower,
+            if ratio >= worst[is_exact][0]:
+                worst[is_exact] = (ratio, fraction)
+        costs.append((label, "every plan" if plans is not None else "DP budget", worst,
                       unknown))
     print()
     print(f"recompute cost of the knapsack's plan / the cheapest plan that fits, worst of "
-          f"{BUDGETS} budgets from the exact lowest peak to 1.0")
-    print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}  DP gave up at")
-    for label, by, (ratio, fraction), lower, unknown in costs:
-        at = "-" if fraction is None else f"{fraction:.3f}"
-        shown = "-" if fraction is None else f"{'<=' if lower else ''}{ratio:.3f}"
+          f"{BUDGETS} budgets from the exact lowest peak to 1.0: where the cheapest is "
+          "known, and where only a lower bound of its cost is (<=)")
+    print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}"
+          f"{'worst <=':>10}{'at budget':>11}  DP gave up at")
+    for label, by, worst, unknown in costs:
+        cells = ""
+        for is_exact in (True, False):
+            ratio, fraction = worst[is_exact]
+            shown = "-" if fraction is None else f"{'' if is_exact else '<='}{ratio:.3f}"
+            at = "-" if fraction is None else f"{fraction:.3f}"
+            cells += f"{shown:>{8 if is_exact else 10}}{at:>11}"
         gave = " ".join(f"{x:.3f}" for x in unknown) or "-"
-        print(f"{label:<56}{by:>12}{shown:>8}{at:>11}  {gave}")
+        print(f"{label:<56}{by:>12}{cells}  {gave}")
     for label, front in gave_up:
         print(f"\n{label}: the bound's DP gave up at decision {front.decided} of "
               f"{front.decisions}, {front.states:,} states at one decision (the limit "

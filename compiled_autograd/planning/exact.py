@@ -289,6 +289,7 @@ class Front:
     triples, none with both a higher peak and a higher cost than another, such
     that every plan's simulated peak is at least the bound of its plan."""
     points: list          # (peak bound, cost bound, recompute frozenset), by peak
+                          # (for one budget: every plan kept, by cost)
     states: int           # most DP states at one level
     seconds: float
     decided: int = 0      # decisions taken (all of them, unless it gave up)

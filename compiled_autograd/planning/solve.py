@@ -9,7 +9,10 @@ Two formulations, both judged by the same simulation (``simulate``):
   frees nothing more), which orders the values from cheapest-per-byte to dearest;
   the plan is the shortest prefix of that order whose simulated peak fits the
   budget (a bisection), then each recomputation is dropped again, dearest first,
-  if the peak still fits without it.
+  if the peak still fits without it (``prune``), and each of the dearest is
+  swapped for cheaper ones if the plan then costs less (``refill``). A plan
+  whose lower bound (``exact._Bound``) passes the budget does not fit, without
+  a simulation.
 - ``"mincut"``: PyTorch's partitioner. A flow network with an edge of capacity
   "bytes of v" from v_in to v_out for every value, infinite edges along the data
   flow, the backward's needs into the sink, and the source into every value that
@@ -26,7 +29,8 @@ when the lowest simulates to its bound; else a descent from the greedy prefixes,
 the prim families and recomputing everything, by flips and swaps of recomputed
 and of kept values (``_Planner.lowest_plan``). Where the front is known, the
 knapsack's plan is replaced by the cheapest of the front's plans that fits, if
-cheaper. ``every_plan`` simulates every plan: the exact answer the tests and
+cheaper; where it is too big, up to ``BUDGET_DECISIONS`` decisions, by the
+cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``). ``every_plan`` simulates every plan: the exact answer the tests and
 ``benchmarks/planner.py`` compare the planner with, up to 12 decisions; the
 front's exact plans past them.
 """
