@@ -30,7 +30,8 @@ the prim families and recomputing everything, by flips and swaps of recomputed
 and of kept values (``_Planner.lowest_plan``). Where the front is known, the
 knapsack's plan is replaced by the cheapest of the front's plans that fits, if
 cheaper; where it is too big, up to ``BUDGET_DECISIONS`` decisions, by the
-cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``). ``every_plan`` simulates every plan: the exact answer the tests and
+cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``).
+``every_plan`` simulates every plan: the exact answer the tests and
 ``benchmarks/planner.py`` compare the planner with, up to 12 decisions; the
 front's exact plans past them.
 """
@@ -85,13 +86,15 @@ class _Planner:
     def fits(self, recompute) -> bool:
         # The bound (exact._Bound) is never above a plan's simulated peak, and costs
         # far less than a simulation: a plan whose bound passes the budget does not
-        # fit (most of what pruning and the bisection try).
-        bound = getattr(self.profile, "peak_bound", None)
-        if bound is None:
-            bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
-        if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
-                                for i in bound.decisions})[0]:
-            return False
+        # fit (most of what pruning and the bisection try). (A plan that recomputes
+        # nothing has the measured peak without a plan: under the budget, it fits.)
+        if self.budget < self.profile.baseline_peak:
+            bound = getattr(self.profile, "peak_bound", None)
+            if bound is None:
+                bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+            if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
+                                    for i in bound.decisions})[0]:
+                return False
         return self.sim(recompute).peak <= self.budget
 
     def front(self):
@@ -145,9 +148,10 @@ class _Planner:
         its plans, cheapest first, are simulated until one fits (up to
         ``FRONT_TRIALS``). Exact when its first plan fits: no plan whose peak
         fits costs less, since its bound fits too. The DP gives up past
-        ``BUDGET_STATES`` states at one decision (``chosen`` stays). When none fits (the bound leaves out a recomputation chain's values), the
-        DP runs again for a budget lower by the least excess, up to
-        ``BUDGET_ROUNDS`` times in all."""
+        ``BUDGET_STATES`` states at one decision (``chosen`` stays). When none
+        fits (the bound leaves out a recomputation chain's values), the DP runs
+        again for a budget lower by the least excess, up to ``BUDGET_ROUNDS``
+        times in all."""
         target = self.budget
         for _ in range(BUDGET_ROUNDS):
             found = bound_front(self.profile, state_limit=BUDGET_STATES, budget=target,
