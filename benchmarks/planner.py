@@ -11,8 +11,15 @@ bound and the best peak found); the lowest peak the planner finds
 searched before) and recomputing every linear output. Then, at budgets from the
 exact lowest peak (or the planner's, where it is not known) to the peak without a
 plan, the recompute cost of the knapsack's plan against the cheapest plan that
-fits: every plan simulated, or the cheapest of the bound's front that fits (exact
-when its simulated peak fits; else only a lower bound, marked ">="). Predictions
+fits: every plan simulated, or the bound's DP for that budget (``bound_front``
+with the budget, for plans cheaper than the knapsack's): exact when it finds none
+(the knapsack's plan is the cheapest) or its plan's simulated peak fits; else its
+cost is only a lower bound of the cheapest (the ratio marked "<="); "-" where the
+DP gave up. Where the whole front is out of reach, the bound's least value is
+bracketed by bisection (``lowest_bound``: the DP for a budget, asking only
+whether any plan's bound fits): "bound" is then its proven lower end, and
+"/bound" the planner's lowest over it, at most the planner's distance from the
+exact lowest. Predictions
 only (the "python" backend's schedule, the measured peak to the byte:
 tests/test_memory_plan.py); nothing here is timed but the searches.
 
@@ -30,7 +37,7 @@ import numpy as np
 from compiled_autograd.examples import build
 from compiled_autograd.planning.profile import profile_for_planning
 from compiled_autograd.planning.simulate import simulate
-from compiled_autograd.planning.exact import bound_front
+from compiled_autograd.planning.exact import bound_front, lowest_bound
 from compiled_autograd.planning.solve import _Planner, every_plan, lowest, solve
 
 EXACT_MAX = 12    # decisions: 2 ** 12 subsets at most
@@ -72,7 +79,7 @@ def main():
     print(_machine())
     print()
     head = (f"{'model':<56}{'decisions':>10}{'bound':>7}{'exact':>7}{'planner':>8}"
-            f"{'/exact':>7}{'prefixes':>9}{'linears':>8}{'search s':>9}{'DP s':>7}"
+            f"{'/exact':>7}{'/bound':>7}{'prefixes':>9}{'linears':>8}{'search s':>9}{'DP s':>7}"
             f"{'DP states':>10}")
     print("lowest predicted peak, as a fraction of the peak without a plan")
     print(head)
@@ -95,46 +102,64 @@ def main():
             bound, plan, _ = front.lowest()
             if simulate(profile, plan).peak == bound:
                 exact = bound
+        else:
+            bound, _ = lowest_bound(profile, found.peak, state_limit=DP_STATES)
         if plans is not None:
             exact = min(s.peak for s in plans.values())
         def f(x, width):
             return f"{'-':>{width}}" if x is None else f"{x / base:>{width}.3f}"
         ratio = f"{'-':>7}" if exact is None else f"{found.peak / exact:>7.3f}"
         states = f"{front.states:>10,}" + ("" if front.complete else "+")
-        print(f"{label:<56}{decisions:>10}{f(bound, 7)}{f(exact, 7)}{f(found.peak, 8)}{ratio}"
+        over = f"{'-':>7}" if not bound else f"{found.peak / bound:>7.3f}"
+        print(f"{label:<56}{decisions:>10}{f(bound, 7)}{f(exact, 7)}{f(found.peak, 8)}{ratio}{over}"
               f"{_prefixes_lowest(profile) / base:>9.3f}{linears / base:>8.3f}{seconds:>9.2f}"
               f"{front.seconds:>7.2f}{states}", flush=True)
         if not front.complete:
             gave_up.append((label, front))
-        if plans is None and not front.complete:
-            continue
-        worst, lower = (0.0, None), False
+        worst = {True: (0.0, None), False: (0.0, None)}   # exact, and "<=" (bounded)
+        unknown = []
         low = exact if exact is not None else found.peak
         for fraction in np.linspace(low / base, 1.0, BUDGETS):
             budget = math.ceil(fraction * base)
+            chosen, _, _, _ = solve(profile, budget)
+            if chosen is None:
+                worst[True] = (float("inf"), fraction)
+                continue
             if plans is not None:
                 cheapest, is_exact = min(s.cost for s in plans.values() if s.peak <= budget), True
             else:
-                cost, plan = front.cheapest(budget)
-                s = simulate(profile, plan)
-                is_exact = s.peak <= budget
-                cheapest = s.cost if is_exact else cost
-            chosen, _, _, _ = solve(profile, budget)
-            if chosen is None:
-                worst = (float("inf"), fraction)
-                continue
+                cheaper = bound_front(profile, state_limit=DP_STATES, budget=budget,
+                                      cost_limit=chosen.cost)
+                if not cheaper.complete:
+                    unknown.append(fraction)
+                    continue
+                if not cheaper.points:
+                    cheapest, is_exact = chosen.cost, True
+                else:
+                    cost, plan = cheaper.points[0][1], cheaper.points[0][2]
+                    s = simulate(profile, plan)
+                    is_exact = s.peak <= budget
+                    cheapest = s.cost if is_exact else cost
             ratio = (chosen.cost + 1e-12) / (cheapest + 1e-12)
-            if ratio >= worst[0]:
-                worst, lower = (ratio, fraction), not is_exact
-        costs.append((label, "every plan" if plans is not None else "DP front", worst, lower))
+            if ratio >= worst[is_exact][0]:
+                worst[is_exact] = (ratio, fraction)
+        costs.append((label, "every plan" if plans is not None else "DP budget", worst,
+                      unknown))
     print()
     print(f"recompute cost of the knapsack's plan / the cheapest plan that fits, worst of "
-          f"{BUDGETS} budgets from the exact lowest peak to 1.0")
-    print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}")
-    for label, by, (ratio, fraction), lower in costs:
-        at = "-" if fraction is None else f"{fraction:.3f}"
-        shown = f"{'<=' if lower else ''}{ratio:.3f}"
-        print(f"{label:<56}{by:>12}{shown:>8}{at:>11}")
+          f"{BUDGETS} budgets from the exact lowest peak to 1.0: where the cheapest is "
+          "known, and where only a lower bound of its cost is (<=)")
+    print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}"
+          f"{'worst <=':>10}{'at budget':>11}  DP gave up at")
+    for label, by, worst, unknown in costs:
+        cells = ""
+        for is_exact in (True, False):
+            ratio, fraction = worst[is_exact]
+            shown = "-" if fraction is None else f"{'' if is_exact else '<='}{ratio:.3f}"
+            at = "-" if fraction is None else f"{fraction:.3f}"
+            cells += f"{shown:>{8 if is_exact else 10}}{at:>11}"
+        gave = " ".join(f"{x:.3f}" for x in unknown) or "-"
+        print(f"{label:<56}{by:>12}{cells}  {gave}")
     for label, front in gave_up:
         print(f"\n{label}: the bound's DP gave up at decision {front.decided} of "
               f"{front.decisions}, {front.states:,} states at one decision (the limit "

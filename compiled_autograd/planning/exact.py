@@ -289,6 +289,7 @@ class Front:
     triples, none with both a higher peak and a higher cost than another, such
     that every plan's simulated peak is at least the bound of its plan."""
     points: list          # (peak bound, cost bound, recompute frozenset), by peak
+                          # (for one budget: every plan kept, by cost)
     states: int           # most DP states at one level
     seconds: float
     decided: int = 0      # decisions taken (all of them, unless it gave up)
@@ -313,7 +314,28 @@ class Front:
         return cost, plan
 
 
-def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
+def _future_bytes(b, order, n, t) -> list:
+    """For each decision depth d: at each step (backward, then forward), the most
+    bytes the values decided after ``order[d]`` may still add there (an upper
+    bound: a value's larger interval, over every step it could reach)."""
+    values, total = b.values, n + t
+    out = [None] * len(order)
+    acc = np.zeros(total, dtype=np.int64)
+    for d in range(len(order) - 1, -1, -1):
+        out[d] = acc.copy()
+        j = order[d]
+        kb = b.kept_bytes(j)
+        if j in b.saved:
+            acc[:b.last[j] + 1] += max(b.made[j], kb)
+        elif kb:
+            acc[:n] += kb
+        if kb:
+            acc[n + values[values[j].storage].freed_at:] += kb
+    return out
+
+
+def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
+                feasible_only=False, cost_limit=None) -> Front:
     """The exact Pareto front of ``_Bound`` over every complete plan, by dynamic
     programming over the decisions from the last value made in the forward to the
     first. The bound of a plan is a max over steps of a sum of intervals, one per
@@ -324,7 +346,18 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
     among states of one kind, one whose live bytes are no lower on every stretch
     of steps the future cannot tell apart, at no lower cost, is dropped. Gives up
     (``complete`` False, no points) when a level holds more than ``state_limit``
-    states."""
+    states.
+
+    With ``budget`` (bytes): only the plans whose bound fits it. A state whose
+    live bytes pass it is dropped, and on a stretch where even the most the
+    undecided values may add (``_future_bytes``) keeps it within the budget, its
+    live bytes are not told apart (raised to that level in the comparison), so
+    far fewer states remain. ``points`` is then every plan that survived, by
+    cost (each fits the bound; the cheapest's cost is the least of any plan
+    that fits the budget). ``feasible_only``: costs are ignored too (the
+    question is only whether any plan's bound fits: ``points`` empty if none).
+    ``cost_limit``: only plans that cost less (a plan to beat: a state that costs
+    as much already is dropped)."""
     start = time.perf_counter()
     if decisions is None:
         every = frozenset(v.index for v in profile.values)
@@ -344,6 +377,9 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
         P[n + values[s].freed_at:] += values[s].nbytes
         return P
 
+    future = _future_bytes(b, order, n, t) if budget is not None else None
+    if budget is not None and int(base.max()) > budget:
+        return Front([], 1, time.perf_counter() - start, len(order), len(order))
     # (frontier: value -> reach, groups: storage -> last step) -> [(key, cost, P, plan)]
     level = {((), ()): [(None, 0.0, base.copy(), frozenset())]}
     most = 1
@@ -387,7 +423,17 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
                     {e + 1 for s, e in g2.items() if s < i} | \
                     {n + values[s].freed_at for s in g2 if s < i}
                 cut = np.array(sorted(p for p in points if p < n + t))
+                floor = None
+                if budget is not None:
+                    F = future[d].copy()
+                    for s, e in g2.items():
+                        if s < i:   # a kept storage still to be counted
+                            F[:e + 1] += values[s].nbytes
+                            F[n + values[s].freed_at:] += values[s].nbytes
+                    floor = budget - np.maximum.reduceat(F, cut)
                 for P, cost, plan in ((p_, c_, pl_) for _, c_, p_, pl_ in states):
+                    if cost_limit is not None and cost + extra >= cost_limit:
+                        continue
                     P2 = P
                     if add or done:
                         P2 = P.copy()
@@ -397,12 +443,17 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
                         for s in done:
                             P2 = finalize(P2, s, g2[s])
                     key = np.maximum.reduceat(P2, cut)
+                    if floor is not None:
+                        if int(key.max()) > budget:
+                            continue
+                        key = np.maximum(key, floor)
                     sig = (tuple(sorted(f2.items())),
                            tuple(sorted((s, e) for s, e in g2.items() if s < i)))
                     bucket = nxt.get(sig)
                     if bucket is None:
                         bucket = nxt[sig] = _Bucket(len(key))
-                    bucket.offer(key, cost + extra, P2, plan | {i} if c == RECOMPUTE else plan)
+                    bucket.offer(key, 0.0 if feasible_only else cost + extra, P2,
+                                 plan | {i} if c == RECOMPUTE else plan)
         level = {sig: bucket.states() for sig, bucket in nxt.items()}
         size = sum(len(v) for v in level.values())
         most = max(most, size)
@@ -414,6 +465,9 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
             for s, end in group_items:
                 P = finalize(P, s, end)
             points.append((int(P.max()), cost, plan))
+    if budget is not None:
+        points = sorted((p for p in points if p[0] <= budget), key=lambda x: (x[1], x[0]))
+        return Front(points, most, time.perf_counter() - start, len(order), len(order))
     points.sort(key=lambda x: (x[0], x[1]))
     front, best_cost = [], float("inf")
     for p, c, plan in points:
@@ -421,3 +475,24 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT) -> Front:
             front.append((p, c, plan))
             best_cost = c
     return Front(front, most, time.perf_counter() - start, len(order), len(order))
+
+
+def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3):
+    """(lo, hi): the least bound of any plan lies in (lo, hi], so every plan's
+    simulated peak is above ``lo`` -- by bisection on a budget, each step the
+    bound's DP for that budget asking only whether any plan's bound fits
+    (``bound_front(..., feasible_only=True)``), until ``hi - lo`` is at most
+    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's).
+    Where the DP gives up (over ``state_limit`` states), the bracket found so far
+    is returned, and ``lo`` is still proven."""
+    lo, hi = 0, int(high)
+    while hi - lo > tolerance * hi:
+        mid = (lo + hi) // 2
+        found = bound_front(profile, decisions, state_limit, budget=mid, feasible_only=True)
+        if not found.complete:
+            break
+        if found.points:
+            hi = min(p for p, _, _ in found.points)
+        else:
+            lo = mid
+    return lo, hi

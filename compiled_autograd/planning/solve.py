@@ -9,7 +9,10 @@ Two formulations, both judged by the same simulation (``simulate``):
   frees nothing more), which orders the values from cheapest-per-byte to dearest;
   the plan is the shortest prefix of that order whose simulated peak fits the
   budget (a bisection), then each recomputation is dropped again, dearest first,
-  if the peak still fits without it.
+  if the peak still fits without it (``prune``), and each of the dearest is
+  swapped for cheaper ones if the plan then costs less (``refill``). A plan
+  whose lower bound (``exact._Bound``) passes the budget does not fit, without
+  a simulation.
 - ``"mincut"``: PyTorch's partitioner. A flow network with an edge of capacity
   "bytes of v" from v_in to v_out for every value, infinite edges along the data
   flow, the backward's needs into the sink, and the source into every value that
@@ -26,7 +29,9 @@ when the lowest simulates to its bound; else a descent from the greedy prefixes,
 the prim families and recomputing everything, by flips and swaps of recomputed
 and of kept values (``_Planner.lowest_plan``). Where the front is known, the
 knapsack's plan is replaced by the cheapest of the front's plans that fits, if
-cheaper. ``every_plan`` simulates every plan: the exact answer the tests and
+cheaper; where it is too big, up to ``BUDGET_DECISIONS`` decisions, by the
+cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``).
+``every_plan`` simulates every plan: the exact answer the tests and
 ``benchmarks/planner.py`` compare the planner with, up to 12 decisions; the
 front's exact plans past them.
 """
@@ -38,13 +43,16 @@ import time
 
 import networkx as nx
 
-from compiled_autograd.planning.exact import bound_front
+from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front
 from compiled_autograd.planning.simulate import needed_values, simulate
 
 
 PREFIX_SAMPLES = 12   # prefixes of the greedy order simulated before the bisection
-PRUNE_TRIALS = 12     # recomputations the pruning pass tries to drop
-PRUNE_SHARE = 0.02    # ... each at least this share of the plan's cost
+PRUNE_TRIALS = 12     # plans the pruning pass tries at least ...
+PRUNE_NODES = 60_000  # ... and at most this many backward graph nodes simulated in all
+PRUNE_GROUP = 8       # recomputations it first tries to drop at once
+REFILL_TRIALS = 4     # dearest recomputations the knapsack's plan tries to swap for cheaper
+REFILL_SIMULATIONS = 3   # ... each with at most this many plans simulated before pruning
 FAMILY_KINDS = 5      # kinds of prim whose every subset is a family plan
 ALL_PREFIXES = 40     # prefixes of the greedy order the lowest-peak search starts from
 DESCENT_TRIALS = 400  # plans its descent tries, at most ...
@@ -54,6 +62,9 @@ SWAP_DECISIONS = 40   # up to this many decisions, its moves include swaps
 EXACT_DECISIONS = 8   # up to this many decisions, the lowest peak is found exhaustively
 FRONT_STATES = 3_000  # past them, the bound's front (exact.bound_front) up to this many states
 FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per question
+BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one budget
+BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
+BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 
 
 class _Planner:
@@ -73,6 +84,17 @@ class _Planner:
         return s
 
     def fits(self, recompute) -> bool:
+        # The bound (exact._Bound) is never above a plan's simulated peak, and costs
+        # far less than a simulation: a plan whose bound passes the budget does not
+        # fit (most of what pruning and the bisection try). (A plan that recomputes
+        # nothing has the measured peak without a plan: under the budget, it fits.)
+        if self.budget < self.profile.baseline_peak:
+            bound = getattr(self.profile, "peak_bound", None)
+            if bound is None:
+                bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+            if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
+                                    for i in bound.decisions})[0]:
+                return False
         return self.sim(recompute).peak <= self.budget
 
     def front(self):
@@ -103,10 +125,14 @@ class _Planner:
     def front_cheapest(self, chosen):
         """The cheapest of the front's plans whose bound fits the budget, simulated
         in order of cost until one fits (up to ``FRONT_TRIALS``), if it is cheaper
-        than ``chosen``; else ``chosen``."""
+        than ``chosen``; else ``chosen``. Where the whole front is too big, the
+        bound's DP for this budget, for plans cheaper than ``chosen``
+        (``_budget_cheapest``), up to ``BUDGET_DECISIONS`` decisions."""
         front = self.front()
         if front is None:
-            return chosen
+            if len(self.decisions()) > BUDGET_DECISIONS:
+                return chosen
+            return self._budget_cheapest(chosen)
         fitting = sorted((c, p, plan) for p, c, plan in front.points if p <= self.budget)
         for cost, _, plan in fitting[:FRONT_TRIALS]:
             if chosen is not None and cost >= chosen.cost:
@@ -114,6 +140,32 @@ class _Planner:
             s = self.sim(plan)
             if s.peak <= self.budget:
                 return s if chosen is None or s.cost < chosen.cost else chosen
+        return chosen
+
+    def _budget_cheapest(self, chosen):
+        """A plan cheaper than ``chosen`` from the bound's DP for this budget
+        (``exact.bound_front`` with a budget and ``chosen``'s cost as a limit):
+        its plans, cheapest first, are simulated until one fits (up to
+        ``FRONT_TRIALS``). Exact when its first plan fits: no plan whose peak
+        fits costs less, since its bound fits too. The DP gives up past
+        ``BUDGET_STATES`` states at one decision (``chosen`` stays). When none
+        fits (the bound leaves out a recomputation chain's values), the DP runs
+        again for a budget lower by the least excess, up to ``BUDGET_ROUNDS``
+        times in all."""
+        target = self.budget
+        for _ in range(BUDGET_ROUNDS):
+            found = bound_front(self.profile, state_limit=BUDGET_STATES, budget=target,
+                                cost_limit=None if chosen is None else chosen.cost)
+            excess = None
+            for _, _, plan in found.points[:FRONT_TRIALS]:
+                s = self.sim(plan)
+                if s.peak <= self.budget:
+                    return s if chosen is None or s.cost < chosen.cost else chosen
+                excess = s.peak - self.budget if excess is None else \
+                    min(excess, s.peak - self.budget)
+            if excess is None:
+                return chosen
+            target -= excess
         return chosen
 
     def best(self, plans):
@@ -211,20 +263,68 @@ class _Planner:
                 hi = mid
             else:
                 lo = mid + 1
-        return self.prune(self.sim(prefixes[hi]).recompute), prefixes
+        return self.refill(self.prune(self.sim(prefixes[hi]).recompute)), prefixes
 
-    def prune(self, recompute):
+    def prune(self, recompute, among=None):
+        """Drop recomputations the budget does not need, dearest first: a group
+        of them is dropped at once if the peak still fits without it, else it is
+        split in halves and each tried (a greedy prefix carries many a cheap
+        recomputation that frees nothing the peak needs: views, both halves of a
+        pair). Plans whose bound passes the budget cost no simulation
+        (``fits``); at most ``PRUNE_NODES`` backward graph nodes are simulated,
+        at least ``PRUNE_TRIALS`` plans. ``among``: only these may be dropped."""
         chosen = set(recompute)
-        # Drop recomputations the budget does not need, dearest first (the few
-        # that make most of the cost: each trial is a simulation).
-        total = sum(self.values[i].cost for i in chosen)
-        dear = sorted((i for i in chosen if self.values[i].cost > PRUNE_SHARE * total),
-                      key=lambda i: -self.values[i].cost)
-        for i in dear[:PRUNE_TRIALS]:
-            trial = chosen - {i}
+        dear = sorted(chosen if among is None else chosen & set(among),
+                      key=lambda i: (-self.values[i].cost, i))
+        most = max(PRUNE_TRIALS, PRUNE_NODES // max(len(self.profile.graph.nodes), 1))
+        simulated = len(self.simulations)
+        groups = [dear[k:k + PRUNE_GROUP] for k in range(0, len(dear), PRUNE_GROUP)]
+        while groups and len(self.simulations) - simulated < most:
+            group = groups.pop(0)
+            trial = chosen - set(group)
             if self.fits(trial):
                 chosen = trial
+            elif len(group) > 1:
+                half = len(group) // 2
+                groups[:0] = [group[:half], group[half:]]
         return self.sim(chosen)
+
+    def refill(self, chosen):
+        """Keep one of the dearest recomputations (up to ``REFILL_TRIALS`` of
+        them) and recompute cheaper values instead, cheapest first, until the
+        plan fits again, then prune: a plan that costs less replaces ``chosen``,
+        and the search goes on from it (the greedy order takes a dear value where
+        several cheap ones would do: a GELU output where the LayerNorms' would)."""
+        if chosen is None:
+            return None
+        tried, improved = set(), True
+        while improved:
+            improved = False
+            dear = sorted((i for i in chosen.recompute if i not in tried),
+                          key=lambda i: (-self.values[i].cost, i))[:REFILL_TRIALS]
+            for r in dear:
+                tried.add(r)
+                better = self._swap_out(chosen, r)
+                if better is not None:
+                    chosen, improved = better, True
+                    break
+        return chosen
+
+    def _swap_out(self, chosen, r):
+        values = self.values
+        plan = set(chosen.recompute) - {r}
+        simulated = len(self.simulations)
+        for k in sorted((k for k in self.decisions() if k not in plan and k != r),
+                        key=lambda k: (values[k].cost, k)):
+            if values[k].cost >= values[r].cost or \
+                    len(self.simulations) - simulated >= REFILL_SIMULATIONS:
+                return None
+            plan.add(k)
+            if self.fits(plan):   # (what was there before was pruned already)
+                better = self.prune(plan, among=plan - chosen.recompute)
+                return better if better.peak <= self.budget and \
+                    better.cost < chosen.cost else None
+        return None
 
     def repair(self, start):
         """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
