@@ -119,3 +119,25 @@ def test_no_check_where_no_value_is_read_after_a_hook():
     _backward((x.exp() * x).sum(), "python")
     (entry,) = [e for fam in cache.families.values() for _, _, e in fam.entries]
     assert entry.version_checks == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nested_backward_inside_the_hook_does_not_hide_the_write(backend):
+    # The hook runs a backward of its own (with a hook: a call into Python, and
+    # nothing to check) before writing b: its calls are not the outer backward's,
+    # which must still check b after the hook returns (it gave 10x x.grad silently).
+    def write(b):
+        y = ca.tensor(np.array([1.0, 2.0]), requires_grad=True)
+        with ca.enable_grad():
+            z = y * 2
+            z.register_hook(lambda g: g)
+            z.sum().backward()
+        b.mul_(10)
+
+    ca.reset_compiled_autograd()
+    expected = _outcome(write, None)
+    assert "modified by an inplace operation" in expected[0]
+    for _ in range(2):
+        got = _outcome(write, backend)
+        assert got[0] == expected[0]
+        assert got[1] is None and got[2] is None

@@ -208,7 +208,7 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     # (The collected lists are the compiled function's own from here on.)
     try:
         with hook_calls.checking_versions(entry.version_checks, collected.plain) \
-                if entry.version_checks else nullcontext():
+                if entry.version_checks or hook_calls.checking() else nullcontext():
             if not calls_python and not _memory.active():
                 out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
                                       collected.scalars, collected.hooks, collected.packed_data)
