@@ -108,7 +108,9 @@ def test_a_custom_backward_modifying_a_value_saved_for_a_later_node_raises(backe
     writes.append(True)
     expected = run(None)
     assert "modified by an inplace operation" in expected
-    assert run(backend) == expected
+    got = run(backend)
+    assert isinstance(got, str), "no error: a gradient from the modified array"
+    assert got == expected
     assert ca.compiled_autograd_stats()["cache_hits"] > hits
 
 
@@ -145,7 +147,8 @@ def test_a_nested_backward_inside_the_hook_does_not_hide_the_write(backend):
 
 @pytest.mark.xfail(strict=True, reason="not done: a compiled backward checks the plain "
                    "saved values after a call into Python, not the kept arrays a memory "
-                   "plan's recipes recompute from (a wrong gradient, silently)")
+                   "plan's recipes recompute from (a wrong gradient, silently)",
+                   raises=AssertionError)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
     from compiled_autograd.autograd.recipe import ANY_BACKEND
@@ -189,4 +192,6 @@ def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
     ca.reset_compiled_autograd()
     expected = run(None)
     assert "the memory plan recomputes matmul" in expected
-    assert run(backend) == expected
+    got = run(backend)
+    assert isinstance(got, str), "no error: a gradient from the modified array"
+    assert got == expected
