@@ -195,3 +195,32 @@ def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
     got = run(backend)
     assert isinstance(got, str), "no error: a gradient from the modified array"
     assert got == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_error_names_this_backwards_producer_of_the_value_on_a_cache_hit(backend):
+    # (b's producer is outside the graph of grad(..., [w]), so not in the key: the
+    # second backward is a cache hit, whose error named the first one's ExpBackward)
+    def run(op, backend):
+        x = ca.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+        w = ca.tensor(np.array([2.0, 2.0, 2.0]), requires_grad=True)
+        b = getattr(x * 3, op)()
+        c = b * w
+
+        def hook(g):
+            with ca.no_grad():
+                b.mul_(10)
+            return g
+        c.register_hook(hook)
+        ctx = (contextlib.nullcontext() if backend is None
+               else ca.compiled_backward(backend=backend))
+        with pytest.raises(RuntimeError) as info, ctx:
+            ca.autograd.grad(c.sum(), [w])
+        return str(info.value)
+
+    ca.reset_compiled_autograd()
+    for op in ("exp", "sin"):
+        expected = run(op, None)
+        assert f"output 0 of {op.capitalize()}Backward" in expected
+        assert run(op, backend) == expected
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1
