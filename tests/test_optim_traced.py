@@ -241,3 +241,28 @@ def test_state_of_another_dtype_is_updated_as_eager_does(backend):
             _backward((p * p).sum(), mode)
         return p.detach().numpy()
     np.testing.assert_array_equal(go(backend), go("eager"))
+
+
+@pytest.mark.parametrize("backend", ["python", "c"])
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_a_loaded_state_with_a_none_momentum_buffer_is_updated_as_eager_does(backend, momentum):
+    # (an older torch's SGD state_dict holds "momentum_buffer": None; eager's rule
+    # makes the buffer on the first step; the traced update raised AttributeError)
+    def train(backend):
+        ca.reset_compiled_autograd()
+        p = ca.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+        q = ca.tensor(np.array([1.0, -2.0], np.float32), requires_grad=True)
+        opt = ca.optim.SGD([p, q], lr=0.1, momentum=momentum)
+        sd = opt.state_dict()
+        sd["state"] = {0: {"momentum_buffer": None}, 1: {"momentum_buffer": None}}
+        opt.load_state_dict(sd)
+        ca.optim.in_backward(opt)
+        for _ in range(3):
+            _backward((p * p).sum() + (q * 3).sum(), backend)
+        return p.detach().numpy(), q.detach().numpy()
+
+    ref = train("eager")
+    got = train(backend)
+    rtol = 0 if backend == "python" else 1e-6
+    for a, b in zip(ref, got):
+        np.testing.assert_allclose(b, a, rtol=rtol)

@@ -108,7 +108,9 @@ def test_a_custom_backward_modifying_a_value_saved_for_a_later_node_raises(backe
     writes.append(True)
     expected = run(None)
     assert "modified by an inplace operation" in expected
-    assert run(backend) == expected
+    got = run(backend)
+    assert isinstance(got, str), "no error: a gradient from the modified array"
+    assert got == expected
     assert ca.compiled_autograd_stats()["cache_hits"] > hits
 
 
@@ -119,3 +121,106 @@ def test_no_check_where_no_value_is_read_after_a_hook():
     _backward((x.exp() * x).sum(), "python")
     (entry,) = [e for fam in cache.families.values() for _, _, e in fam.entries]
     assert entry.version_checks == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nested_backward_inside_the_hook_does_not_hide_the_write(backend):
+    # The hook runs a backward of its own (with a hook: a call into Python, and
+    # nothing to check) before writing b: its calls are not the outer backward's,
+    # which must still check b after the hook returns (it gave 10x x.grad silently).
+    def write(b):
+        y = ca.tensor(np.array([1.0, 2.0]), requires_grad=True)
+        with ca.enable_grad():
+            z = y * 2
+            z.register_hook(lambda g: g)
+            z.sum().backward()
+        b.mul_(10)
+
+    ca.reset_compiled_autograd()
+    expected = _outcome(write, None)
+    assert "modified by an inplace operation" in expected[0]
+    for _ in range(2):
+        got = _outcome(write, backend)
+        assert got[0] == expected[0]
+        assert got[1] is None and got[2] is None
+
+
+@pytest.mark.xfail(strict=True, reason="not done: a compiled backward checks the plain "
+                   "saved values after a call into Python, not the kept arrays a memory "
+                   "plan's recipes recompute from (a wrong gradient, silently)",
+                   raises=AssertionError)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
+    from compiled_autograd.autograd.recipe import ANY_BACKEND
+
+    rng = np.random.default_rng(0)
+    w = ca.tensor(rng.standard_normal((16, 16)).astype(np.float32) * 0.3)
+    data = rng.standard_normal((256, 16)).astype(np.float32)
+    hooked = []
+
+    def f(x):                  # (w needs no gradient: x is only a recipe's input)
+        h = x
+        for _ in range(6):
+            h = (h @ w).tanh()
+        out = (h * h).exp()
+        if hooked:
+            def hook(g):
+                with ca.no_grad():
+                    hooked[0].detach().mul_(2.0)
+                return g
+            out.register_hook(hook)
+        return out.sum()
+
+    plan = ca.memory.plan_checkpoints(f, ca.tensor(data, requires_grad=True), budget=0.7)
+    plan._made_for = ANY_BACKEND
+    assert any(r.prim == "matmul" for r in plan.recomputed)
+
+    def run(backend):
+        x = ca.tensor(data.copy(), requires_grad=True)
+        hooked[:] = [x]
+        with plan:
+            loss = f(x)
+        ctx = (contextlib.nullcontext() if backend is None
+               else ca.compiled_backward(backend=backend))
+        try:
+            with ctx:
+                loss.backward()
+        except RuntimeError as e:
+            return str(e)
+        return x.grad.numpy()
+
+    ca.reset_compiled_autograd()
+    expected = run(None)
+    assert "the memory plan recomputes matmul" in expected
+    got = run(backend)
+    assert isinstance(got, str), "no error: a gradient from the modified array"
+    assert got == expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_error_names_this_backwards_producer_of_the_value_on_a_cache_hit(backend):
+    # (b's producer is outside the graph of grad(..., [w]), so not in the key: the
+    # second backward is a cache hit, whose error named the first one's ExpBackward)
+    def run(op, backend):
+        x = ca.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+        w = ca.tensor(np.array([2.0, 2.0, 2.0]), requires_grad=True)
+        b = getattr(x * 3, op)()
+        c = b * w
+
+        def hook(g):
+            with ca.no_grad():
+                b.mul_(10)
+            return g
+        c.register_hook(hook)
+        ctx = (contextlib.nullcontext() if backend is None
+               else ca.compiled_backward(backend=backend))
+        with pytest.raises(RuntimeError) as info, ctx:
+            ca.autograd.grad(c.sum(), [w])
+        return str(info.value)
+
+    ca.reset_compiled_autograd()
+    for op in ("exp", "sin"):
+        expected = run(op, None)
+        assert f"output 0 of {op.capitalize()}Backward" in expected
+        assert run(op, backend) == expected
+    assert ca.compiled_autograd_stats()["cache_hits"] == 1

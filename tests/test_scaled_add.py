@@ -113,3 +113,19 @@ def test_axpy_refuses_an_input_that_overlaps_its_output_shifted():
     same = np.arange(8, dtype=np.float64)
     assert native(same, same, 2.0, same.reshape(2, 4)) is None     # (element for element)
     np.testing.assert_array_equal(same, np.arange(8) * 3.0)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not done: where a and b are "
+                   "both NaN, axpy's compiled add keeps b's payload, numpy's keeps a's")
+@pytest.mark.parametrize("dtype,bits", [(np.float32, np.uint32), (np.float64, np.uint64)])
+def test_two_nans_give_numpys_payload(dtype, bits):
+    if kernels.native("axpy") is None:
+        pytest.skip("the forward's C kernels are off (numpy's two passes then)")
+    quiet = np.array(0x7FC00000 if dtype == np.float32 else 0x7FF8000000000000, bits)
+    x = np.ones((3, 4), dtype)
+    y = np.ones((3, 4), dtype)
+    x.view(bits)[0, 0], y.view(bits)[0, 0] = quiet | 1, quiet | 2
+    expected = np.add(x, np.multiply(y, 0.25))
+    resolve_backend("python")(_graph("add", dtype))([x, y], [], [], [], [])
+    assert x.view(bits)[0, 0] == expected.view(bits)[0, 0], \
+        f"{x.view(bits)[0, 0]:#x} (numpy: {expected.view(bits)[0, 0]:#x})"

@@ -190,6 +190,12 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         out = _run_eagerly(task, roots, retain_graph, input_edges, accumulate, entry)
         family.nones_seen = True
         return out
+    checks = entry.version_checks
+    if checks:     # (how eager's error names each value -- its producer's name, not
+        # the traced one's: not in the key -- read before the values are released)
+        plain = collected.plain
+        checks = tuple(tuple((i, name, plain[i].origin(name)) for i, name, _ in site)
+                       for site in checks)
     # The boxed list becomes the only owner of the saved values: release them
     # (a prim node holds nothing else), and whatever other nodes hold.
     release = not retain_graph
@@ -207,8 +213,8 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
     try:
-        with hook_calls.checking_versions(entry.version_checks, collected.plain) \
-                if entry.version_checks else nullcontext():
+        with hook_calls.checking_versions(checks, collected.plain) \
+                if checks or hook_calls.checking() else nullcontext():
             if not calls_python and not _memory.active():
                 out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,
                                       collected.scalars, collected.hooks, collected.packed_data)

@@ -44,6 +44,13 @@ def checking_versions(checks, plain):
         stack.pop()
 
 
+def checking() -> bool:
+    """Whether a compiled backward on this thread checks versions: a backward run
+    inside one of its calls into Python (a hook's nested backward) must then be
+    counted apart, even with nothing to check (its calls are not the outer's)."""
+    return bool(getattr(_versions, "stack", None))
+
+
 def after_python():
     """A call into Python returned: if anything was written in place since the
     backward started, the saved values read before the next call must be the

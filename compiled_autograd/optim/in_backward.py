@@ -138,7 +138,9 @@ class OptimizerInBackward(Optimizer):
         if dtype.kind != "f" or not data.flags.carray:
             return False
         for t in state.values():
-            a = t._data
+            a = getattr(t, "_data", None)
+            if a is None:   # (a loaded torch state's None momentum buffer: Python's)
+                return False
             # (C-contiguous, aligned and writeable; a state array of the
             # parameter's shape in another dtype: eager computes in the
             # parameter's scratch dtype, the traced chain does not; the step
