@@ -197,6 +197,11 @@ def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
     assert got == expected
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "the error names the producer the graph was traced with: reading this backward's "
+    "for every checked value, before the release, cost 3% of a backward with a hook "
+    "on its loss (24 values), for a message that differs only where the producer is "
+    "outside the key"))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_error_names_this_backwards_producer_of_the_value_on_a_cache_hit(backend):
     # (b's producer is outside the graph of grad(..., [w]), so not in the key: the

@@ -191,11 +191,6 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         family.nones_seen = True
         return out
     checks = entry.version_checks
-    if checks:     # (how eager's error names each value -- its producer's name, not
-        # the traced one's: not in the key -- read before the values are released)
-        plain = collected.plain
-        checks = tuple(tuple((i, name, plain[i].origin(name)) for i, name, _ in site)
-                       for site in checks)
     # The boxed list becomes the only owner of the saved values: release them
     # (a prim node holds nothing else), and whatever other nodes hold.
     release = not retain_graph
