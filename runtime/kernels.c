@@ -264,6 +264,132 @@ static PyObject *k_axpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* linear(x, w, b): x @ w.T + b (torch's addmm) as one GEMM that writes its
+   destination: the rows of the output start as b and the BLAS adds x @ w.T to
+   them (beta 1), as the C backend's linear does; numpy's path makes three passes
+   over the output (the BLAS zeroes it for beta 0, the product, then += b). The
+   BLAS is numpy's own OpenBLAS, whose gemm symbols kernels.py hands over once
+   (set_gemm). x: C-contiguous, at least 2-d; w: 2-d, C- or Fortran-contiguous
+   (a transposed view); b: None or 1-d of w's rows; one float dtype, native and
+   aligned; no size 0; else NotImplemented (numpy's path). */
+typedef void (*gemm64_f)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                         int64_t, const float *, int64_t, float, float *, int64_t);
+typedef void (*gemm32_f)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*dgemm64_f)(int, int, int, int64_t, int64_t, int64_t, double, const double *,
+                          int64_t, const double *, int64_t, double, double *, int64_t);
+typedef void (*dgemm32_f)(int, int, int, int, int, int, double, const double *, int,
+                          const double *, int, double, double *, int);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+static void *gemm_s, *gemm_d;       /* the BLAS's sgemm and dgemm, or NULL */
+static int gemm_int64;              /* 1: its sizes are int64_t, 0: int */
+
+/* set_gemm(sgemm address, dgemm address, int64): the BLAS linear calls. */
+static PyObject *k_set_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_gemm(sgemm, dgemm, int64) takes 3 arguments");
+        return NULL;
+    }
+    void *s = PyLong_AsVoidPtr(args[0]), *d = PyLong_AsVoidPtr(args[1]);
+    int wide = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred() || wide < 0)
+        return NULL;
+    gemm_s = s;
+    gemm_d = d;
+    gemm_int64 = wide;
+    Py_RETURN_NONE;
+}
+
+/* x, w or b as linear takes it: an exact ndarray of the dtype, native, aligned. */
+static int linear_operand(PyObject *o, int type)
+{
+    if (!PyArray_CheckExact(o))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)o;
+    return PyArray_TYPE(a) == type && PyArray_ISNOTSWAPPED(a) && PyArray_ISALIGNED(a);
+}
+
+#define FILL_ROWS(T) do { \
+    T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
+    const char *src = PyArray_DATA(b); npy_intp bs = PyArray_STRIDE(b, 0); \
+    for (npy_intp j = 0; j < n_out; j++) dst[j] = *(const T *)(src + j * bs); \
+    for (npy_intp r = 1; r < rows; r++) memcpy(dst + r * n_out, dst, n_out * sizeof(T)); \
+    } while (0)
+
+static PyObject *k_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "linear(x, w, b) takes 3 arguments");
+        return NULL;
+    }
+    if (gemm_s == NULL || gemm_d == NULL || !PyArray_CheckExact(args[0]))
+        return not_implemented();
+    int type = PyArray_TYPE((PyArrayObject *)args[0]);
+    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || !linear_operand(args[0], type)
+        || !linear_operand(args[1], type) || (args[2] != Py_None && !linear_operand(args[2], type)))
+        return not_implemented();
+    PyArrayObject *x = (PyArrayObject *)args[0], *w = (PyArrayObject *)args[1];
+    PyArrayObject *b = args[2] == Py_None ? NULL : (PyArrayObject *)args[2];
+    int nd = PyArray_NDIM(x);
+    if (nd < 2 || nd > NPY_MAXDIMS || !PyArray_IS_C_CONTIGUOUS(x) || PyArray_NDIM(w) != 2)
+        return not_implemented();
+    npy_intp n_in = PyArray_DIM(x, nd - 1), n_out = PyArray_DIM(w, 0);
+    npy_intp rows = PyArray_SIZE(x) / (n_in ? n_in : 1);
+    if (PyArray_DIM(w, 1) != n_in || n_in == 0 || n_out == 0 || rows == 0
+        || (b != NULL && (PyArray_NDIM(b) != 1 || PyArray_DIM(b, 0) != n_out)))
+        return not_implemented();
+    int tb;
+    npy_intp ldb;
+    if (PyArray_IS_C_CONTIGUOUS(w)) {            /* w (out, in) row-major: op(B) = w^T */
+        tb = TRANS;
+        ldb = n_in;
+    } else if (PyArray_IS_F_CONTIGUOUS(w)) {     /* a transposed view: w^T is row-major */
+        tb = NO_TRANS;
+        ldb = n_out;
+    } else {
+        return not_implemented();
+    }
+    if (!gemm_int64 && (rows > INT_MAX || n_in > INT_MAX || n_out > INT_MAX))
+        return not_implemented();
+    npy_intp dims[NPY_MAXDIMS];
+    for (int i = 0; i < nd - 1; i++)
+        dims[i] = PyArray_DIM(x, i);
+    dims[nd - 1] = n_out;
+    PyObject *out = PyArray_SimpleNew(nd, dims, type);
+    if (out == NULL)
+        return NULL;
+    void *c = PyArray_DATA((PyArrayObject *)out);
+    const void *a = PyArray_DATA(x), *bw = PyArray_DATA(w);
+    PyThreadState *ts = rows * n_out * n_in >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
+    if (type == NPY_FLOAT32) {
+        if (b != NULL)
+            FILL_ROWS(float);
+        float beta = b != NULL ? 1.0f : 0.0f;
+        if (gemm_int64)
+            ((gemm64_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0f, a, n_in, bw,
+                               ldb, beta, c, n_out);
+        else
+            ((gemm32_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0f,
+                               a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
+    } else {
+        if (b != NULL)
+            FILL_ROWS(double);
+        double beta = b != NULL ? 1.0 : 0.0;
+        if (gemm_int64)
+            ((dgemm64_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0, a, n_in, bw,
+                                ldb, beta, c, n_out);
+        else
+            ((dgemm32_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0,
+                                a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
+    }
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"axpy", (PyCFunction)(void (*)(void))k_axpy, METH_FASTCALL,
      "axpy(out, a, alpha, b): out = a + alpha * b in one pass, or NotImplemented"},
@@ -271,6 +397,10 @@ static PyMethodDef methods[] = {
      "gelu(x, tanh): GELU of a float32/float64 ndarray in one pass, or NotImplemented"},
     {"softmax", (PyCFunction)(void (*)(void))k_softmax, METH_FASTCALL,
      "softmax(x, dim, log): (log_)softmax over the last dim, or NotImplemented"},
+    {"linear", (PyCFunction)(void (*)(void))k_linear, METH_FASTCALL,
+     "linear(x, w, b): x @ w.T + b as one GEMM onto rows of b, or NotImplemented"},
+    {"set_gemm", (PyCFunction)(void (*)(void))k_set_gemm, METH_FASTCALL,
+     "set_gemm(sgemm, dgemm, int64): the BLAS's gemm addresses, for linear"},
     {"layer_norm", (PyCFunction)(void (*)(void))k_layer_norm, METH_FASTCALL,
      "layer_norm(x, ndim, eps): normalised over the last ndim dims, or NotImplemented"},
     {NULL, NULL, 0, NULL},

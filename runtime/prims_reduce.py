@@ -197,7 +197,14 @@ def _linear_meta(x, w, b=None):
       c=Template("matmul.c.j2", kind="gemm_bias"))
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
-    gradient comes out in w's own layout (no transposed copy)."""
+    gradient comes out in w's own layout (no transposed copy). kernels.c's linear
+    (one GEMM onto rows of b, as the C backend's) where it applies."""
+    out = call_native("linear", x, w, b)
+    return linear_numpy(x, w, b) if out is NotImplemented else out
+
+
+def linear_numpy(x, w, b=None):
+    """The reference of kernels.c's linear."""
     if x.ndim > 2 and x.flags.c_contiguous:
         # One GEMM over the flattened leading dims, not one per batch element
         # (what np.matmul does for a stack); the same sums, so the same bits.

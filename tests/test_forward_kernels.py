@@ -25,7 +25,8 @@ from compiled_autograd.codegen.c_text import ENV
 from compiled_autograd.runtime import cbuild, kernels
 from compiled_autograd.runtime.prims import PRIMS
 from compiled_autograd.runtime.prims_elementwise import gelu_numpy
-from compiled_autograd.runtime.prims_reduce import layer_norm_numpy, log_softmax_numpy, softmax_numpy
+from compiled_autograd.runtime.prims_reduce import (layer_norm_numpy, linear_numpy,
+                                                      log_softmax_numpy, softmax_numpy)
 
 from helpers import BACKENDS, needs_cc
 
@@ -254,3 +255,50 @@ def test_axpy_is_numpys_two_passes_in_one(native, dtype):
     ro.flags.writeable = False
     assert native.axpy(ro, x, 0.5, x) is NotImplemented
     np.testing.assert_array_equal(ro, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_matches_numpy(native, dtype):
+    # x @ w.T + b as one GEMM onto rows of b (beta 1) against numpy's matmul and
+    # += b: the BLAS may add b before or after its partial sums over a long K.
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    rng = np.random.default_rng(4)
+    for x_shape, n_out in [((8, 64, 128), 384), ((5, 7), 3), ((1, 1), 1), ((2, 3, 4, 600), 9)]:
+        x = rng.standard_normal(x_shape).astype(dtype)
+        w = rng.standard_normal((n_out, x_shape[-1])).astype(dtype)
+        b = rng.standard_normal(2 * n_out).astype(dtype)
+        for w_name, ww in (("rows", w), ("transposed view", np.asfortranarray(w))):
+            for b_name, bb in (("bias", b[:n_out]), ("strided bias", b[::2]), ("none", None)):
+                got, ref = native.linear(x, ww, bb), linear_numpy(x, ww, bb)
+                check_same_kind(got, ref)
+                scale = np.abs(x).max() * np.abs(w).max() * x_shape[-1]
+                np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale,
+                                           err_msg=f"{x_shape} {w_name} {b_name}")
+    # the prim takes the C path (the same values as the generated C's gemm_bias)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (4, 5), (4,)))
+    np.testing.assert_array_equal(PRIMS["linear"].kernel(x, w, b), native.linear(x, w, b))
+    inf = np.array([[np.inf, 1.0], [np.nan, 0.0]], np.float32)
+    np.testing.assert_array_equal(native.linear(inf, np.ones((3, 2), np.float32), None),
+                                  linear_numpy(inf, np.ones((3, 2), np.float32)))
+
+
+def test_linear_cases_it_leaves_to_numpy(native):
+    f4, f8 = np.float32, np.float64
+    x, w, b = np.ones((4, 3), f4), np.ones((2, 3), f4), np.ones(2, f4)
+    cases = [(x.T.copy().T, w, b),                      # x not C-contiguous
+             (x, np.ones((2, 6), f4)[:, ::2], b),       # w neither C nor Fortran
+             (x, w.astype(f8), b), (x, w, b.astype(f8)), (x.astype(np.int64), w, b),
+             (x, w, np.ones((1, 2), f4)),               # a bias of another shape
+             (x, w, np.ones(3, f4)), (np.ones(3, f4), w, b),    # 1-d x
+             (np.ones((0, 3), f4), w, b), (np.ones((4, 0), f4), np.ones((2, 0), f4), b),
+             (x, np.ones((0, 3), f4), np.ones(0, f4)), (x, np.ones((3, 3), f4)[:2, :2], b),
+             ([[1.0, 2.0, 3.0]], w, b)]
+    for args in cases:
+        assert native.linear(*args) is NotImplemented
+    buf = np.zeros(4 * 12 + 1, np.uint8)
+    misaligned = buf[1:].view(f4).reshape(4, 3)
+    assert native.linear(misaligned, w, b) is NotImplemented
+    for args in cases[:6] + [(misaligned, w, b)]:     # the prim still answers, from numpy
+        np.testing.assert_array_equal(PRIMS["linear"].kernel(*args), linear_numpy(*args))
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        native.linear(x, w)
