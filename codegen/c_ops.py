@@ -12,6 +12,7 @@ import numpy as np
 
 from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
                               expanded, mul, permuted, prod, reshaped, sliced)
+from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
 
@@ -267,13 +268,17 @@ def _linear(e, node, low):
 
 def _softmax(e, node, low):
     x = e.vals[node.args[0]]
-    d = node.kwargs["dim"]
+    nd = len(x.shape)
+    d = node.kwargs.get("dim", nd - 1)        # scaled_softmax: the last dim
+    scale, causal = node.kwargs.get("scale"), node.kwargs.get("causal", False)
     out = e.fresh(node)
-    names = [f"i{k}" for k in range(len(x.shape))]
-    outer = [k for k in range(len(x.shape)) if k != d]
+    names = [f"i{k}" for k in range(nd)]
+    outer = [k for k in range(nd) if k != d]
     xs = [0 if k == d else s for k, s in enumerate(x.strides)]
     os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
     e.emit(_render(low.template, log=low.options["log"], T=x.ctype,
+                   scale=None if scale is None else literal(float(scale), "double"),
+                   causal_row=names[nd - 2] if causal else None,
                    omp=pragma(work(x.shape, HEAVY), collapse=len(outer)) if outer else "",
                    outer=[(names[k], c_expr(x.shape[k])) for k in outer],
                    n=c_expr(x.shape[d]), x=e.ptr(x), out=e.ptr(out),

@@ -149,6 +149,35 @@ def _(ctx, g):
     return (ops.sub(g, ops.mul(ops.exp(out), total)),)
 
 
+@prim("scaled_softmax", meta=_same_meta, save=("out",),
+      c=Template("softmax.c.j2", kind="row_softmax", log=False))
+def scaled_softmax(x, scale, causal):
+    """softmax over the last dim of ``x * scale``, and with ``causal`` the entries
+    above the diagonal of the last two dims (column > row) masked out (-inf before,
+    0 after): attention's scores in one pass, where mul, masked_fill and softmax
+    made three. kernels.c's where it applies."""
+    out = call_native("scaled_softmax", x, scale, causal)
+    return scaled_softmax_numpy(x, scale, causal) if out is NotImplemented else out
+
+
+def scaled_softmax_numpy(x, scale, causal):
+    """The reference of kernels.c's scaled_softmax: mul, masked_fill, softmax."""
+    z = x * scale
+    if causal:
+        keep = np.tril(np.ones(x.shape[-2:], dtype=bool))
+        z = np.where(keep, z, -np.inf).astype(z.dtype, copy=False)
+    return softmax_numpy(z, x.ndim - 1)
+
+
+@scaled_softmax.defvjp
+def _(ctx, g):
+    # softmax's derivative times the scale; a masked entry's output is 0, so is
+    # its gradient (as masked_fill's).
+    (out,) = ctx.saved
+    dot = ops.sum(ops.mul(g, out), dims=(len(ctx.shapes[0]) - 1,), keepdim=True)
+    return (ops.mul(ops.mul(out, ops.sub(g, dot)), ctx.params["scale"]),)
+
+
 @prim("layer_norm", meta=_same_meta, save=(0,), index_params=("ndim",),
       c=Template("layer_norm.c.j2", kind="row_normalize"))
 def layer_norm(x, ndim, eps):

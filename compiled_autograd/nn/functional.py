@@ -99,10 +99,18 @@ def embedding(input, weight):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v, as torch's reference implementation."""
+    """softmax(q k^T * scale + mask) v, as torch's reference implementation; with
+    no mask but the causal one, the scale, the mask and the softmax are one prim
+    (scaled_softmax)."""
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = query.matmul(key.transpose(-2, -1)) * scale
+    scores = query.matmul(key.transpose(-2, -1))
+    if attn_mask is None and scores.dtype.kind == "f":
+        attn = ops.scaled_softmax(scores, scale=float(scale), causal=bool(is_causal))
+        if dropout_p > 0.0:
+            attn = dropout(attn, dropout_p, True)
+        return attn.matmul(value)
+    scores = scores * scale
     if is_causal:
         causal = np.tril(np.ones((L, S), dtype=bool))
         scores = scores.masked_fill(Tensor._make(~causal), float("-inf"))
