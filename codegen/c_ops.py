@@ -290,9 +290,14 @@ def _softmax(e, node, low):
 def _layer_norm(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
+    w = b = None
+    if len(node.args) > 1:                  # layer_norm_affine
+        w, b = (e.contiguous(e.vals[a]) for a in node.args[1:3])
     out = e.fresh(node)
     rows = prod(x.shape[:len(x.shape) - k])
     e.emit(_render(low.template, T=x.ctype, x=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   w=None if w is None else f"({e.ptr(w)} + {c_expr(w.offset)})",
+                   b=None if b is None else f"({e.ptr(b)} + {c_expr(b.offset)})",
                    omp=pragma(work(x.shape, 4)) if rows != 1 else "",
                    out=e.ptr(out), rows=c_expr(rows),
                    n=c_expr(prod(x.shape[len(x.shape) - k:])),

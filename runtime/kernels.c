@@ -222,6 +222,7 @@ static PyObject *k_scaled_softmax(PyObject *self, PyObject *const *args, Py_ssiz
    (two passes, as numpy's reference). */
 #define LAYER_NORM(T, SQRT) do { \
     const T *restrict src = PyArray_DATA(x); T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
+    const T *restrict w = wa ? PyArray_DATA(wa) : NULL, *restrict b = ba ? PyArray_DATA(ba) : NULL; \
     T e = (T)eps; \
     for (npy_intp r = 0; r < rows; r++, src += len, dst += len) { \
         T s = 0, v = 0; \
@@ -231,15 +232,32 @@ static PyObject *k_scaled_softmax(PyObject *self, PyObject *const *args, Py_ssiz
         _Pragma("omp simd reduction(+:v)") \
         for (npy_intp j = 0; j < len; j++) { T c = src[j] - mean; dst[j] = c; v += c * c; } \
         T std = SQRT(v / (T)len + e); \
-        for (npy_intp j = 0; j < len; j++) dst[j] /= std; \
+        if (w == NULL) \
+            for (npy_intp j = 0; j < len; j++) dst[j] /= std; \
+        else \
+            for (npy_intp j = 0; j < len; j++) { T t = dst[j] / std; t = t * w[j]; dst[j] = t + b[j]; } \
     } } while (0)
 
-/* layer_norm(x, ndim, eps): normalised over the last ndim dims. */
+/* w or b of layer_norm: C-contiguous, aligned, native, of x's dtype and n elements. */
+static PyArrayObject *affine_operand(PyObject *o, int type, npy_intp n)
+{
+    if (!PyArray_CheckExact(o))
+        return NULL;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) != type || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)
+        || !PyArray_ISNOTSWAPPED(a) || PyArray_SIZE(a) != n)
+        return NULL;
+    return a;
+}
+
+/* layer_norm(x, ndim, eps[, w, b]): normalised over the last ndim dims (then times
+   w plus b: each rounded as numpy's mul and add, no fused multiply-add). */
 static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "layer_norm(x, ndim, eps) takes 3 arguments");
+    if (nargs != 3 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "layer_norm(x, ndim, eps[, w, b]) takes 3 or 5 "
+                        "arguments");
         return NULL;
     }
     long k = PyLong_AsLong(args[1]);
@@ -255,6 +273,15 @@ static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (k > INT_MAX || last_dims(x, (int)k, &rows, &len) < 0) {
         Py_DECREF(x);
         return not_implemented();
+    }
+    PyArrayObject *wa = NULL, *ba = NULL;
+    if (nargs == 5) {
+        wa = affine_operand(args[3], PyArray_TYPE(x), len);
+        ba = affine_operand(args[4], PyArray_TYPE(x), len);
+        if (wa == NULL || ba == NULL) {
+            Py_DECREF(x);
+            return not_implemented();
+        }
     }
     PyObject *out = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), PyArray_TYPE(x));
     if (out == NULL) {
@@ -470,7 +497,8 @@ static PyMethodDef methods[] = {
      "scaled_softmax(x, scale, causal): softmax(x * scale), causally masked, or "
      "NotImplemented"},
     {"layer_norm", (PyCFunction)(void (*)(void))k_layer_norm, METH_FASTCALL,
-     "layer_norm(x, ndim, eps): normalised over the last ndim dims, or NotImplemented"},
+     "layer_norm(x, ndim, eps[, w, b]): normalised over the last ndim dims (times w plus "
+     "b), or NotImplemented"},
     {NULL, NULL, 0, NULL},
 };
 

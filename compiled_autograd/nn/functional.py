@@ -69,7 +69,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
             f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
             f"[*, {', '.join(map(str, normalized_shape))}], but got input of size"
             f"{list(input.shape)}")
-    out = ops.layer_norm(_float(input), ndim=k, eps=float(eps))
+    x = _float(input)
+    if (isinstance(weight, Tensor) and isinstance(bias, Tensor)
+            and tuple(weight.shape) == normalized_shape == tuple(bias.shape)
+            and weight.dtype == bias.dtype == x.dtype):
+        # torch's native_layer_norm: the affine part in the same pass
+        return ops.layer_norm_affine(x, weight, bias, ndim=k, eps=float(eps))
+    out = ops.layer_norm(x, ndim=k, eps=float(eps))
     if weight is not None:
         out = out * weight
     if bias is not None:
