@@ -174,7 +174,7 @@ def _step_floor(case, reps, step, rounds=3):
         for _ in range(n + 2):
             start = time.perf_counter()
             for w in ws:
-                np.matmul(x, w.T)        # (as the linear prim calls it)
+                np.matmul(x, w.T)        # (the GEMM of the linear prim, its bias aside)
             times.append(time.perf_counter() - start)
         return statistics.median(times[2:])
     n = max(5, reps)

@@ -12,6 +12,7 @@ import numpy as np
 
 from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
                               expanded, mul, permuted, prod, reshaped, sliced)
+from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
 
@@ -267,13 +268,17 @@ def _linear(e, node, low):
 
 def _softmax(e, node, low):
     x = e.vals[node.args[0]]
-    d = node.kwargs["dim"]
+    nd = len(x.shape)
+    d = node.kwargs.get("dim", nd - 1)        # scaled_softmax: the last dim
+    scale, causal = node.kwargs.get("scale"), node.kwargs.get("causal", False)
     out = e.fresh(node)
-    names = [f"i{k}" for k in range(len(x.shape))]
-    outer = [k for k in range(len(x.shape)) if k != d]
+    names = [f"i{k}" for k in range(nd)]
+    outer = [k for k in range(nd) if k != d]
     xs = [0 if k == d else s for k, s in enumerate(x.strides)]
     os_ = [0 if k == d else s for k, s in enumerate(out.strides)]
     e.emit(_render(low.template, log=low.options["log"], T=x.ctype,
+                   scale=None if scale is None else literal(float(scale), "double"),
+                   causal_row=names[nd - 2] if causal else None,
                    omp=pragma(work(x.shape, HEAVY), collapse=len(outer)) if outer else "",
                    outer=[(names[k], c_expr(x.shape[k])) for k in outer],
                    n=c_expr(x.shape[d]), x=e.ptr(x), out=e.ptr(out),
@@ -285,9 +290,14 @@ def _softmax(e, node, low):
 def _layer_norm(e, node, low):
     x = e.contiguous(e.vals[node.args[0]])
     k = node.kwargs["ndim"]
+    w = b = None
+    if len(node.args) > 1:                  # layer_norm_affine
+        w, b = (e.contiguous(e.vals[a]) for a in node.args[1:3])
     out = e.fresh(node)
     rows = prod(x.shape[:len(x.shape) - k])
     e.emit(_render(low.template, T=x.ctype, x=f"{e.ptr(x)} + {c_expr(x.offset)}",
+                   w=None if w is None else f"({e.ptr(w)} + {c_expr(w.offset)})",
+                   b=None if b is None else f"({e.ptr(b)} + {c_expr(b.offset)})",
                    omp=pragma(work(x.shape, 4)) if rows != 1 else "",
                    out=e.ptr(out), rows=c_expr(rows),
                    n=c_expr(prod(x.shape[len(x.shape) - k:])),

@@ -193,6 +193,13 @@ def blas() -> Blas:
     return _blas
 
 
+def blas_library() -> ctypes.CDLL:
+    """The BLAS of ``blas()``, loaded in this process (numpy has loaded it already)."""
+    lib = blas()
+    name = lib.link[1:] if lib.link.startswith(":") else f"lib{lib.link}.so"
+    return ctypes.CDLL(os.path.join(lib.lib_dir, name))
+
+
 def _find_blas(bundled_first=True) -> Blas:
     import numpy as np
     libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"

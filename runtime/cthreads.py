@@ -55,19 +55,13 @@ def share_blas_threads() -> str:
     return _shared
 
 
-def _blas_library():
-    blas = cbuild.blas()
-    name = blas.link[1:] if blas.link.startswith(":") else f"lib{blas.link}.so"
-    return ctypes.CDLL(os.path.join(blas.lib_dir, name))
-
-
 def _install() -> str:
     enabled, status, lib = cbuild.threads_library()
     if not enabled:
         return "BLAS on its own threads (no OpenMP)"
     blas = cbuild.blas()
     try:
-        setter = getattr(_blas_library(), blas.threads_callback)
+        setter = getattr(cbuild.blas_library(), blas.threads_callback)
     except (OSError, AttributeError):
         return (f"BLAS on its own threads ({blas.name} has no {blas.threads_callback}: "
                 f"OpenBLAS >= 0.3.27 has)")
@@ -87,7 +81,7 @@ def _place_jobs(lib):
     """Tell the callback where OpenBLAS's pool size is and how many thread slots
     it has (its MAX_THREADS), so that the jobs keep off the pool's slots
     (cthreads.c); where either cannot be read, the jobs take slots from 0."""
-    blas_lib = _blas_library()
+    blas_lib = cbuild.blas_library()
     names = cbuild.blas()
     try:
         pool = ctypes.c_int.in_dll(blas_lib, "blas_num_threads")
@@ -117,7 +111,7 @@ def threads(loops=None, blas=None):
     if not enabled:
         raise RuntimeError(f"compiled autograd: no threads to set ({status})")
     names = cbuild.blas()
-    blas_lib = _blas_library()
+    blas_lib = cbuild.blas_library()
     get_blas = getattr(blas_lib, names.threads)
     set_blas = getattr(blas_lib, names.threads.replace("get_num", "set_num"))
     old = lib.ca_loop_threads(), get_blas()

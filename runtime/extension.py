@@ -7,9 +7,9 @@ messages name the right file), and the environment variable that turns it off
 width: ``cbuild.KERNEL_FLAGS``), for numerical loops. ``module()`` builds it with
 the system compiler against this interpreter's headers
 (``cbuild.build_extension``: the C backend's private cache, so a second process
-loads it without compiling) and imports it; without a compiler or the headers it
-returns None and ``status()`` says why, so the caller's Python code runs
-instead. Used by the C backend's call (``compiled_autograd.codegen.c_run``), the forward's C path
+loads it without compiling) and imports it (then calls ``on_load(module)``, if
+given); without a compiler or the headers it returns None and ``status()`` says
+why, so the caller's Python code runs instead. Used by the C backend's call (``compiled_autograd.codegen.c_run``), the forward's C path
 (``compiled_autograd.runtime.forward``) and its kernels (``compiled_autograd.runtime.kernels``).
 """
 from __future__ import annotations
@@ -46,9 +46,10 @@ def _pasted(path: Path) -> str:
 
 class Extension:
     def __init__(self, name: str, sources: tuple[Path, ...], what: str, env_var: str,
-                 numpy_headers: bool = False, optimize: bool = False):
+                 numpy_headers: bool = False, optimize: bool = False, on_load=None):
         self.name, self.sources, self.what, self.env_var = name, sources, what, env_var
         self.numpy_headers, self.optimize = numpy_headers, optimize
+        self.on_load = on_load              # on_load(module): set-up once it is loaded
         self._lock = threading.Lock()
         self._module = None
         self._status = None                 # "native: <path>" or "python: <why>"
@@ -109,6 +110,8 @@ class Extension:
             spec = importlib.util.spec_from_file_location(self.name, path)
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
+            if self.on_load is not None:
+                self.on_load(mod)
         except (CBuildError, OSError, ImportError) as e:
             self._status = f"python: {self.what} could not be built ({str(e).splitlines()[0]})"
             log.info("compiled autograd: %s", self._status)

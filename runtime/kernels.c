@@ -153,10 +153,76 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* scaled softmax over the last dim: v = x * scale (rounded to T, as numpy's mul),
+   and -inf past a row's first `valid` entries (all, or with causal the row's index
+   within its matrix + 1), as the reference's where(), whose exp is then 0 (a NaN
+   max or sum makes the whole row NaN either way); the loops run over whole rows (a
+   select in the vector loop, not a shorter loop with a scalar tail). */
+#define SCALED(T, j) ((j) < valid ? (T)(src[j] * sc) : (T)-INFINITY)
+#define SCALED_SOFTMAX(T, EXP) do { \
+    const T *restrict src = PyArray_DATA(x); T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
+    const T sc = (T)scale; \
+    for (npy_intp r = 0; r < rows; r++, src += len, dst += len) { \
+        npy_intp valid = len; \
+        if (causal && r % n_rows + 1 < len) valid = r % n_rows + 1; \
+        T m = -INFINITY, s = 0; int nan_ = 0; \
+        _Pragma("omp simd reduction(max:m) reduction(|:nan_)") \
+        for (npy_intp j = 0; j < len; j++) { T v = SCALED(T, j); m = m > v ? m : v; nan_ |= v != v; } \
+        if (nan_) m = (T)NAN; \
+        _Pragma("omp simd reduction(+:s)") \
+        for (npy_intp j = 0; j < len; j++) { \
+            T e = EXP((T)(src[j] * sc) - m); e = j < valid ? e : 0; dst[j] = e; s += e; } \
+        for (npy_intp j = 0; j < len; j++) dst[j] /= s; \
+    } } while (0)
+
+/* scaled_softmax(x, scale, causal): softmax(x * scale) over the last dim, with
+   causal the entries above the diagonal of the last two dims masked (0). */
+/* (GCC's -O3 would split the row loops at `valid`, leaving scalar tails: 2x slower) */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-split-loops")))
+#endif
+static PyObject *k_scaled_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scaled_softmax(x, scale, causal) takes 3 arguments");
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[1]);
+    int causal = PyObject_IsTrue(args[2]);
+    if ((scale == -1.0 && PyErr_Occurred()) || causal < 0)
+        return NULL;
+    if (!PyArray_CheckExact(args[0]) || PyArray_SIZE((PyArrayObject *)args[0]) == 0)
+        return not_implemented();
+    int nd = PyArray_NDIM((PyArrayObject *)args[0]);
+    if (nd < (causal ? 2 : 1))
+        return not_implemented();
+    PyArrayObject *x = float_input(args[0]);
+    if (x == NULL)
+        return PyErr_Occurred() ? NULL : not_implemented();
+    PyObject *out = PyArray_SimpleNew(nd, PyArray_DIMS(x), PyArray_TYPE(x));
+    if (out == NULL) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    npy_intp rows, len, n_rows = causal ? PyArray_DIM(x, nd - 2) : 1;
+    last_dims(x, 1, &rows, &len);
+    PyThreadState *ts = PyArray_SIZE(x) >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
+    if (PyArray_TYPE(x) == NPY_FLOAT32)
+        SCALED_SOFTMAX(float, ca_expf);
+    else
+        SCALED_SOFTMAX(double, exp);
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    Py_DECREF(x);
+    return out;
+}
+
 /* (x - mean) / sqrt(var + eps) over each row, the variance of the centred row
    (two passes, as numpy's reference). */
 #define LAYER_NORM(T, SQRT) do { \
     const T *restrict src = PyArray_DATA(x); T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
+    const T *restrict w = wa ? PyArray_DATA(wa) : NULL, *restrict b = ba ? PyArray_DATA(ba) : NULL; \
     T e = (T)eps; \
     for (npy_intp r = 0; r < rows; r++, src += len, dst += len) { \
         T s = 0, v = 0; \
@@ -166,15 +232,32 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
         _Pragma("omp simd reduction(+:v)") \
         for (npy_intp j = 0; j < len; j++) { T c = src[j] - mean; dst[j] = c; v += c * c; } \
         T std = SQRT(v / (T)len + e); \
-        for (npy_intp j = 0; j < len; j++) dst[j] /= std; \
+        if (w == NULL) \
+            for (npy_intp j = 0; j < len; j++) dst[j] /= std; \
+        else \
+            for (npy_intp j = 0; j < len; j++) { T t = dst[j] / std; t = t * w[j]; dst[j] = t + b[j]; } \
     } } while (0)
 
-/* layer_norm(x, ndim, eps): normalised over the last ndim dims. */
+/* w or b of layer_norm: C-contiguous, aligned, native, of x's dtype and n elements. */
+static PyArrayObject *affine_operand(PyObject *o, int type, npy_intp n)
+{
+    if (!PyArray_CheckExact(o))
+        return NULL;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) != type || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)
+        || !PyArray_ISNOTSWAPPED(a) || PyArray_SIZE(a) != n)
+        return NULL;
+    return a;
+}
+
+/* layer_norm(x, ndim, eps[, w, b]): normalised over the last ndim dims (then times
+   w plus b: each rounded as numpy's mul and add, no fused multiply-add). */
 static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "layer_norm(x, ndim, eps) takes 3 arguments");
+    if (nargs != 3 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "layer_norm(x, ndim, eps[, w, b]) takes 3 or 5 "
+                        "arguments");
         return NULL;
     }
     long k = PyLong_AsLong(args[1]);
@@ -190,6 +273,15 @@ static PyObject *k_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (k > INT_MAX || last_dims(x, (int)k, &rows, &len) < 0) {
         Py_DECREF(x);
         return not_implemented();
+    }
+    PyArrayObject *wa = NULL, *ba = NULL;
+    if (nargs == 5) {
+        wa = affine_operand(args[3], PyArray_TYPE(x), len);
+        ba = affine_operand(args[4], PyArray_TYPE(x), len);
+        if (wa == NULL || ba == NULL) {
+            Py_DECREF(x);
+            return not_implemented();
+        }
     }
     PyObject *out = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), PyArray_TYPE(x));
     if (out == NULL) {
@@ -274,6 +366,132 @@ static PyObject *k_axpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* linear(x, w, b): x @ w.T + b (torch's addmm) as one GEMM that writes its
+   destination: the rows of the output start as b and the BLAS adds x @ w.T to
+   them (beta 1), as the C backend's linear does; numpy's path makes three passes
+   over the output (the BLAS zeroes it for beta 0, the product, then += b). The
+   BLAS is numpy's own OpenBLAS, whose gemm symbols kernels.py hands over once
+   (set_gemm). x: C-contiguous, at least 2-d; w: 2-d, C- or Fortran-contiguous
+   (a transposed view); b: None or 1-d of w's rows; one float dtype, native and
+   aligned; no size 0; else NotImplemented (numpy's path). */
+typedef void (*gemm64_f)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                         int64_t, const float *, int64_t, float, float *, int64_t);
+typedef void (*gemm32_f)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*dgemm64_f)(int, int, int, int64_t, int64_t, int64_t, double, const double *,
+                          int64_t, const double *, int64_t, double, double *, int64_t);
+typedef void (*dgemm32_f)(int, int, int, int, int, int, double, const double *, int,
+                          const double *, int, double, double *, int);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+static void *gemm_s, *gemm_d;       /* the BLAS's sgemm and dgemm, or NULL */
+static int gemm_int64;              /* 1: its sizes are int64_t, 0: int */
+
+/* set_gemm(sgemm address, dgemm address, int64): the BLAS linear calls. */
+static PyObject *k_set_gemm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_gemm(sgemm, dgemm, int64) takes 3 arguments");
+        return NULL;
+    }
+    void *s = PyLong_AsVoidPtr(args[0]), *d = PyLong_AsVoidPtr(args[1]);
+    int wide = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred() || wide < 0)
+        return NULL;
+    gemm_s = s;
+    gemm_d = d;
+    gemm_int64 = wide;
+    Py_RETURN_NONE;
+}
+
+/* x, w or b as linear takes it: an exact ndarray of the dtype, native, aligned. */
+static int linear_operand(PyObject *o, int type)
+{
+    if (!PyArray_CheckExact(o))
+        return 0;
+    PyArrayObject *a = (PyArrayObject *)o;
+    return PyArray_TYPE(a) == type && PyArray_ISNOTSWAPPED(a) && PyArray_ISALIGNED(a);
+}
+
+#define FILL_ROWS(T) do { \
+    T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
+    const char *src = PyArray_DATA(b); npy_intp bs = PyArray_STRIDE(b, 0); \
+    for (npy_intp j = 0; j < n_out; j++) dst[j] = *(const T *)(src + j * bs); \
+    for (npy_intp r = 1; r < rows; r++) memcpy(dst + r * n_out, dst, n_out * sizeof(T)); \
+    } while (0)
+
+static PyObject *k_linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "linear(x, w, b) takes 3 arguments");
+        return NULL;
+    }
+    if (gemm_s == NULL || gemm_d == NULL || !PyArray_CheckExact(args[0]))
+        return not_implemented();
+    int type = PyArray_TYPE((PyArrayObject *)args[0]);
+    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || !linear_operand(args[0], type)
+        || !linear_operand(args[1], type) || (args[2] != Py_None && !linear_operand(args[2], type)))
+        return not_implemented();
+    PyArrayObject *x = (PyArrayObject *)args[0], *w = (PyArrayObject *)args[1];
+    PyArrayObject *b = args[2] == Py_None ? NULL : (PyArrayObject *)args[2];
+    int nd = PyArray_NDIM(x);
+    if (nd < 2 || nd > NPY_MAXDIMS || !PyArray_IS_C_CONTIGUOUS(x) || PyArray_NDIM(w) != 2)
+        return not_implemented();
+    npy_intp n_in = PyArray_DIM(x, nd - 1), n_out = PyArray_DIM(w, 0);
+    npy_intp rows = PyArray_SIZE(x) / (n_in ? n_in : 1);
+    if (PyArray_DIM(w, 1) != n_in || n_in == 0 || n_out == 0 || rows == 0
+        || (b != NULL && (PyArray_NDIM(b) != 1 || PyArray_DIM(b, 0) != n_out)))
+        return not_implemented();
+    int tb;
+    npy_intp ldb;
+    if (PyArray_IS_C_CONTIGUOUS(w)) {            /* w (out, in) row-major: op(B) = w^T */
+        tb = TRANS;
+        ldb = n_in;
+    } else if (PyArray_IS_F_CONTIGUOUS(w)) {     /* a transposed view: w^T is row-major */
+        tb = NO_TRANS;
+        ldb = n_out;
+    } else {
+        return not_implemented();
+    }
+    if (!gemm_int64 && (rows > INT_MAX || n_in > INT_MAX || n_out > INT_MAX))
+        return not_implemented();
+    npy_intp dims[NPY_MAXDIMS];
+    for (int i = 0; i < nd - 1; i++)
+        dims[i] = PyArray_DIM(x, i);
+    dims[nd - 1] = n_out;
+    PyObject *out = PyArray_SimpleNew(nd, dims, type);
+    if (out == NULL)
+        return NULL;
+    void *c = PyArray_DATA((PyArrayObject *)out);
+    const void *a = PyArray_DATA(x), *bw = PyArray_DATA(w);
+    PyThreadState *ts = rows * n_out * n_in >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
+    if (type == NPY_FLOAT32) {
+        if (b != NULL)
+            FILL_ROWS(float);
+        float beta = b != NULL ? 1.0f : 0.0f;
+        if (gemm_int64)
+            ((gemm64_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0f, a, n_in, bw,
+                               ldb, beta, c, n_out);
+        else
+            ((gemm32_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0f,
+                               a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
+    } else {
+        if (b != NULL)
+            FILL_ROWS(double);
+        double beta = b != NULL ? 1.0 : 0.0;
+        if (gemm_int64)
+            ((dgemm64_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0, a, n_in, bw,
+                                ldb, beta, c, n_out);
+        else
+            ((dgemm32_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0,
+                                a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
+    }
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"axpy", (PyCFunction)(void (*)(void))k_axpy, METH_FASTCALL,
      "axpy(out, a, alpha, b): out = a + alpha * b in one pass, or NotImplemented"},
@@ -281,8 +499,16 @@ static PyMethodDef methods[] = {
      "gelu(x, tanh): GELU of a float32/float64 ndarray in one pass, or NotImplemented"},
     {"softmax", (PyCFunction)(void (*)(void))k_softmax, METH_FASTCALL,
      "softmax(x, dim, log): (log_)softmax over the last dim, or NotImplemented"},
+    {"linear", (PyCFunction)(void (*)(void))k_linear, METH_FASTCALL,
+     "linear(x, w, b): x @ w.T + b as one GEMM onto rows of b, or NotImplemented"},
+    {"set_gemm", (PyCFunction)(void (*)(void))k_set_gemm, METH_FASTCALL,
+     "set_gemm(sgemm, dgemm, int64): the BLAS's gemm addresses, for linear"},
+    {"scaled_softmax", (PyCFunction)(void (*)(void))k_scaled_softmax, METH_FASTCALL,
+     "scaled_softmax(x, scale, causal): softmax(x * scale), causally masked, or "
+     "NotImplemented"},
     {"layer_norm", (PyCFunction)(void (*)(void))k_layer_norm, METH_FASTCALL,
-     "layer_norm(x, ndim, eps): normalised over the last ndim dims, or NotImplemented"},
+     "layer_norm(x, ndim, eps[, w, b]): normalised over the last ndim dims (times w plus "
+     "b), or NotImplemented"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,6 +6,9 @@ The numpy kernel stays the reference: tests/test_forward_kernels.py compares the
 two (values, dtypes, layouts, empty arrays, NaN and infinities). ``axpy`` (``out =
 a + alpha * b`` in one pass) serves the optimizers' rules (``optim._rules.axpy_``)
 and the "python" backend's scaled adds (``scaled_add``, ``ir.passes.in_place_writes``).
+``linear`` calls numpy's own OpenBLAS (``cbuild.blas_library``), whose gemm
+addresses are handed to the module once it is loaded; where they cannot be found
+it gives NotImplemented, and numpy's matmul runs.
 
 Part of the forward's C path: built on first use like ``forward.c``
 (``compiled_autograd.runtime.extension``, optimised as the generated C is), and turned off with it by
@@ -14,17 +17,37 @@ built. The math (``ca_math.h``) is the C backend's own: runtime owns the header 
 codegen pastes it into the generated code."""
 from __future__ import annotations
 
+import ctypes
+import logging
 from pathlib import Path
 
 import numpy as np
 
+from compiled_autograd.runtime import cbuild
 from compiled_autograd.runtime.extension import Extension
+
+log = logging.getLogger("compiled_autograd")
 
 HERE = Path(__file__).parent
 MATH_HEADER = HERE / "ca_math.h"
 
+
+def _hand_over_gemm(module) -> None:
+    """Give kernels.c's linear the BLAS's sgemm and dgemm (numpy's OpenBLAS)."""
+    try:
+        names = cbuild.blas()
+        lib = cbuild.blas_library()
+        sgemm, dgemm = (ctypes.cast(getattr(lib, n), ctypes.c_void_p).value
+                        for n in (names.sgemm, names.dgemm))
+    except (cbuild.CBuildError, OSError, AttributeError) as e:
+        log.info("compiled autograd: the forward's linear runs numpy's matmul (%s)", e)
+        return
+    module.set_gemm(sgemm, dgemm, names.int_type == "int64_t")
+
+
 KERNELS = Extension("_kernels", (HERE / "kernels.c",), "the forward's C kernels",
-                    "CA_C_FORWARD", numpy_headers=True, optimize=True)
+                    "CA_C_FORWARD", numpy_headers=True, optimize=True,
+                    on_load=_hand_over_gemm)
 
 
 def native(name: str):

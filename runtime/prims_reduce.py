@@ -149,6 +149,35 @@ def _(ctx, g):
     return (ops.sub(g, ops.mul(ops.exp(out), total)),)
 
 
+@prim("scaled_softmax", meta=_same_meta, save=("out",),
+      c=Template("softmax.c.j2", kind="row_softmax", log=False))
+def scaled_softmax(x, scale, causal):
+    """softmax over the last dim of ``x * scale``, and with ``causal`` the entries
+    above the diagonal of the last two dims (column > row) masked out (-inf before,
+    0 after): attention's scores in one pass, where mul, masked_fill and softmax
+    made three. kernels.c's where it applies."""
+    out = call_native("scaled_softmax", x, scale, causal)
+    return scaled_softmax_numpy(x, scale, causal) if out is NotImplemented else out
+
+
+def scaled_softmax_numpy(x, scale, causal):
+    """The reference of kernels.c's scaled_softmax: mul, masked_fill, softmax."""
+    z = x * scale
+    if causal:
+        keep = np.tril(np.ones(x.shape[-2:], dtype=bool))
+        z = np.where(keep, z, -np.inf).astype(z.dtype, copy=False)
+    return softmax_numpy(z, x.ndim - 1)
+
+
+@scaled_softmax.defvjp
+def _(ctx, g):
+    # softmax's derivative times the scale; a masked entry's output is 0, so is
+    # its gradient (as masked_fill's).
+    (out,) = ctx.saved
+    dot = ops.sum(ops.mul(g, out), dims=(len(ctx.shapes[0]) - 1,), keepdim=True)
+    return (ops.mul(ops.mul(out, ops.sub(g, dot)), ctx.params["scale"]),)
+
+
 @prim("layer_norm", meta=_same_meta, save=(0,), index_params=("ndim",),
       c=Template("layer_norm.c.j2", kind="row_normalize"))
 def layer_norm(x, ndim, eps):
@@ -169,9 +198,12 @@ def layer_norm_numpy(x, ndim, eps):
 
 @layer_norm.defvjp
 def _(ctx, g):
-    # Recompute mean and 1/std from x rather than saving them: one saved tensor.
     (x,) = ctx.saved
-    shape, k, eps = ctx.shapes[0], ctx.params["ndim"], ctx.params["eps"]
+    return _layer_norm_vjp(x, g, ctx.shapes[0], ctx.params["ndim"], ctx.params["eps"])
+
+
+def _layer_norm_vjp(x, g, shape, k, eps, xhat_too=False):
+    # Recompute mean and 1/std from x rather than saving them: one saved tensor.
     dims = tuple(range(len(shape) - k, len(shape)))
     inv_n = 1.0 / float(math.prod(shape[len(shape) - k:]))  # guards a symbolic size
 
@@ -181,8 +213,49 @@ def _(ctx, g):
     centered = ops.sub(x, mean(x))
     rstd = ops.pow(ops.add(mean(ops.mul(centered, centered)), eps), -0.5)
     xhat = ops.mul(centered, rstd)
+    if g is None:
+        return None, xhat
     inner = ops.sub(ops.sub(g, mean(g)), ops.mul(xhat, mean(ops.mul(g, xhat))))
-    return (ops.mul(inner, rstd),)
+    return (ops.mul(inner, rstd), xhat) if xhat_too else (ops.mul(inner, rstd),)
+
+
+def _layer_norm_affine_meta(x, w, b, ndim, eps):
+    shape = tuple(x.shape[len(x.shape) - ndim:])
+    if tuple(w.shape) != shape or tuple(b.shape) != shape:
+        raise RuntimeError(f"layer_norm_affine: weight {tuple(w.shape)} and bias "
+                           f"{tuple(b.shape)} must be the normalized shape {shape}")
+    return tuple(x.shape), x.dtype
+
+
+@prim("layer_norm_affine", meta=_layer_norm_affine_meta, save=(0, (1, 0)),
+      index_params=("ndim",), c=Template("layer_norm.c.j2", kind="row_normalize"))
+def layer_norm_affine(x, w, b, ndim, eps):
+    """layer_norm's normalisation times ``w`` plus ``b`` (each of the normalised
+    shape, x's dtype) in one pass, where layer_norm, mul and add made three (torch's
+    native_layer_norm). kernels.c's where it applies."""
+    out = call_native("layer_norm", x, ndim, eps, w, b)
+    return layer_norm_affine_numpy(x, w, b, ndim, eps) if out is NotImplemented else out
+
+
+def layer_norm_affine_numpy(x, w, b, ndim, eps):
+    """The reference of kernels.c's layer_norm with weight and bias."""
+    return as_array(layer_norm_numpy(x, ndim, eps) * w + b)
+
+
+@layer_norm_affine.defvjp
+def _(ctx, g):
+    x, w = ctx.saved
+    shape, k = ctx.shapes[0], ctx.params["ndim"]
+    rows = tuple(range(len(shape) - k))              # the dims w and b broadcast over
+    gx = gw = gb = None
+    if ctx.needs[0] or ctx.needs[1]:     # (the normalised x, for w's gradient, once)
+        gx, xhat = _layer_norm_vjp(x, ops.mul(g, w) if ctx.needs[0] else None, shape, k,
+                                   ctx.params["eps"], xhat_too=True)
+    if ctx.needs[1]:
+        gw = ops.sum(ops.mul(g, xhat), dims=rows, keepdim=False) if rows else ops.mul(g, xhat)
+    if ctx.needs[2]:
+        gb = ops.sum(g, dims=rows, keepdim=False) if rows else g
+    return gx, gw, gb
 
 
 def _linear_meta(x, w, b=None):
@@ -197,7 +270,14 @@ def _linear_meta(x, w, b=None):
       c=Template("matmul.c.j2", kind="gemm_bias"))
 def linear(x, w, b=None):
     """``x @ w.T + b`` (torch's addmm): one kernel, and a derivative whose weight
-    gradient comes out in w's own layout (no transposed copy)."""
+    gradient comes out in w's own layout (no transposed copy). kernels.c's linear
+    (one GEMM onto rows of b, as the C backend's) where it applies."""
+    out = call_native("linear", x, w, b)
+    return linear_numpy(x, w, b) if out is NotImplemented else out
+
+
+def linear_numpy(x, w, b=None):
+    """The reference of kernels.c's linear."""
     if x.ndim > 2 and x.flags.c_contiguous:
         # One GEMM over the flattened leading dims, not one per batch element
         # (what np.matmul does for a stack); the same sums, so the same bits.

@@ -25,7 +25,9 @@ from compiled_autograd.codegen.c_text import ENV
 from compiled_autograd.runtime import cbuild, kernels
 from compiled_autograd.runtime.prims import PRIMS
 from compiled_autograd.runtime.prims_elementwise import gelu_numpy
-from compiled_autograd.runtime.prims_reduce import layer_norm_numpy, log_softmax_numpy, softmax_numpy
+from compiled_autograd.runtime.prims_reduce import (layer_norm_affine_numpy, layer_norm_numpy,
+                                                      linear_numpy,
+                                                      log_softmax_numpy, softmax_numpy)
 
 from helpers import BACKENDS, needs_cc
 
@@ -254,3 +256,115 @@ def test_axpy_is_numpys_two_passes_in_one(native, dtype):
     ro.flags.writeable = False
     assert native.axpy(ro, x, 0.5, x) is NotImplemented
     np.testing.assert_array_equal(ro, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_matches_numpy(native, dtype):
+    # x @ w.T + b as one GEMM onto rows of b (beta 1) against numpy's matmul and
+    # += b: the BLAS may add b before or after its partial sums over a long K.
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    rng = np.random.default_rng(4)
+    for x_shape, n_out in [((8, 64, 128), 384), ((5, 7), 3), ((1, 1), 1), ((2, 3, 4, 600), 9)]:
+        x = rng.standard_normal(x_shape).astype(dtype)
+        w = rng.standard_normal((n_out, x_shape[-1])).astype(dtype)
+        b = rng.standard_normal(2 * n_out).astype(dtype)
+        for w_name, ww in (("rows", w), ("transposed view", np.asfortranarray(w))):
+            for b_name, bb in (("bias", b[:n_out]), ("strided bias", b[::2]), ("none", None)):
+                got, ref = native.linear(x, ww, bb), linear_numpy(x, ww, bb)
+                check_same_kind(got, ref)
+                scale = np.abs(x).max() * np.abs(w).max() * x_shape[-1]
+                np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * scale,
+                                           err_msg=f"{x_shape} {w_name} {b_name}")
+    # the prim takes the C path (the same values as the generated C's gemm_bias)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (4, 5), (4,)))
+    np.testing.assert_array_equal(PRIMS["linear"].kernel(x, w, b), native.linear(x, w, b))
+    inf = np.array([[np.inf, 1.0], [np.nan, 0.0]], np.float32)
+    np.testing.assert_array_equal(native.linear(inf, np.ones((3, 2), np.float32), None),
+                                  linear_numpy(inf, np.ones((3, 2), np.float32)))
+
+
+def test_linear_cases_it_leaves_to_numpy(native):
+    f4, f8 = np.float32, np.float64
+    x, w, b = np.ones((4, 3), f4), np.ones((2, 3), f4), np.ones(2, f4)
+    cases = [(x.T.copy().T, w, b),                      # x not C-contiguous
+             (x, np.ones((2, 6), f4)[:, ::2], b),       # w neither C nor Fortran
+             (x, w.astype(f8), b), (x, w, b.astype(f8)), (x.astype(np.int64), w, b),
+             (x, w, np.ones((1, 2), f4)),               # a bias of another shape
+             (x, w, np.ones(3, f4)), (np.ones(3, f4), w, b),    # 1-d x
+             (np.ones((0, 3), f4), w, b), (np.ones((4, 0), f4), np.ones((2, 0), f4), b),
+             (x, np.ones((0, 3), f4), np.ones(0, f4)), (x, np.ones((3, 3), f4)[:2, :2], b),
+             ([[1.0, 2.0, 3.0]], w, b)]
+    for args in cases:
+        assert native.linear(*args) is NotImplemented
+    buf = np.zeros(4 * 12 + 1, np.uint8)
+    misaligned = buf[1:].view(f4).reshape(4, 3)
+    assert native.linear(misaligned, w, b) is NotImplemented
+    for args in cases[:6] + [(misaligned, w, b)]:     # the prim still answers, from numpy
+        np.testing.assert_array_equal(PRIMS["linear"].kernel(*args), linear_numpy(*args))
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        native.linear(x, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_affine_matches_numpy(native, dtype):
+    # the normalisation, then * w, then + b, each rounded as numpy's (no fused
+    # multiply-add): the same tolerance as layer_norm's
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    rng = np.random.default_rng(5)
+    for shape, k in [((8, 16, 128), 1), ((8, 16, 128), 2), ((3, 7), 2), ((5, 1), 1)]:
+        norm = shape[len(shape) - k:]
+        w, b = (rng.standard_normal(norm).astype(dtype) for _ in range(2))
+        for name, x in layouts(shape, dtype, seed=k):
+            got = native.layer_norm(x + np.asarray(2.0, dtype), k, 1e-5, w, b)
+            ref = layer_norm_affine_numpy(x + np.asarray(2.0, dtype), w, b, k, 1e-5)
+            check_same_kind(got, ref)
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 10, err_msg=name)
+            np.testing.assert_array_equal(
+                PRIMS["layer_norm_affine"].kernel(x + np.asarray(2.0, dtype), w, b, ndim=k,
+                                                  eps=1e-5), got)
+    x, w = np.ones((2, 4), np.float32), np.ones(4, np.float32)
+    for ww, bb in ((w.astype(np.float64), w), (w, np.ones(3, np.float32)),
+                   (np.ones(8, np.float32)[::2], w), (w, [1.0, 2.0, 3.0, 4.0])):
+        assert native.layer_norm(x, 1, 1e-5, ww, bb) is NotImplemented
+    with pytest.raises(TypeError, match="takes 3 or 5 arguments"):
+        native.layer_norm(x, 1, 1e-5, w)
+
+
+class _LayerNormInBackward(ca.autograd.Function):
+    """A backward that computes layer_norm_affine, so that the C backend lowers it."""
+    inline_backward = True
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w, b)
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w, b = ctx.saved_tensors
+        y = PRIMS["layer_norm_affine"](x.transpose(0, 1), w, b, ndim=1, eps=1e-5)
+        return g * y.transpose(0, 1), None, None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_affine_in_the_c_backend_matches_eager(dtype):
+    rng = np.random.default_rng(6)
+    data = [(rng.standard_normal(s) * 2 + 1).astype(dtype) for s in ((6, 4, 3), (3,), (3,))]
+    grads = {}
+    for backend in BACKENDS:
+        x = ca.tensor(data[0], requires_grad=True, dtype=dtype)
+        w, b = (ca.tensor(a, dtype=dtype) for a in data[1:])
+        loss = _LayerNormInBackward.apply(x, w, b).sum()
+        if backend == "eager":
+            loss.backward()
+        else:
+            with ca.compiled_backward(backend=backend):
+                loss.backward()
+        grads[backend] = x.grad.numpy()
+    g = ca.trace_backward(_LayerNormInBackward.apply(
+        ca.tensor(data[0], requires_grad=True, dtype=dtype), *map(ca.tensor, data[1:])).sum())
+    assert "layer_norm_affine" in {n.target for n in g.graph.nodes}
+    np.testing.assert_array_equal(grads["python"], grads["eager"])
+    if "c" in grads:
+        rtol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(grads["c"], grads["eager"], rtol=rtol, atol=rtol)

@@ -69,7 +69,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
             f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
             f"[*, {', '.join(map(str, normalized_shape))}], but got input of size"
             f"{list(input.shape)}")
-    out = ops.layer_norm(_float(input), ndim=k, eps=float(eps))
+    x = _float(input)
+    if (isinstance(weight, Tensor) and isinstance(bias, Tensor)
+            and tuple(weight.shape) == normalized_shape == tuple(bias.shape)
+            and weight.dtype == bias.dtype == x.dtype):
+        # torch's native_layer_norm: the affine part in the same pass
+        return ops.layer_norm_affine(x, weight, bias, ndim=k, eps=float(eps))
+    out = ops.layer_norm(x, ndim=k, eps=float(eps))
     if weight is not None:
         out = out * weight
     if bias is not None:
@@ -99,10 +105,18 @@ def embedding(input, weight):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None):
-    """softmax(q k^T * scale + mask) v, as torch's reference implementation."""
+    """softmax(q k^T * scale + mask) v, as torch's reference implementation; with
+    no mask but the causal one, the scale, the mask and the softmax are one prim
+    (scaled_softmax)."""
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = query.matmul(key.transpose(-2, -1)) * scale
+    scores = query.matmul(key.transpose(-2, -1))
+    if attn_mask is None and scores.dtype.kind == "f":
+        attn = ops.scaled_softmax(scores, scale=float(scale), causal=bool(is_causal))
+        if dropout_p > 0.0:
+            attn = dropout(attn, dropout_p, True)
+        return attn.matmul(value)
+    scores = scores * scale
     if is_causal:
         causal = np.tril(np.ones((L, S), dtype=bool))
         scores = scores.masked_fill(Tensor._make(~causal), float("-inf"))

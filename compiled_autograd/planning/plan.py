@@ -135,6 +135,7 @@ class MemoryPlan:
         """The plan as text: budget, peaks, cost, and one row per recomputed value."""
         base = self.baseline_peak_bytes
         views = len(self.recomputed) - len(self.recomputed_storages)
+        w = max([14] + [len(r.prim) for r in self.recomputed])     # the prim column
         rows = [f"memory plan ({self.formulation}) for {describe_backend(self.backend)}: "
                 f"budget {_fmt(self.budget_bytes)} ({self.budget_bytes / base:.2f} of the "
                 f"peak without a plan, {_fmt(base)}: fn as written, its own checkpoints "
@@ -154,10 +155,10 @@ class MemoryPlan:
                 f"{len(self.kept)} values",
                 f"profiling {self.profiling_seconds:.2f} s, planning "
                 f"{self.planning_seconds:.3f} s", "",
-                f"{'forward #':>9}  {'prim':<14} {'shape':<18} {'bytes':>11} {'FLOPs':>13}  "
+                f"{'forward #':>9}  {'prim':<{w}} {'shape':<18} {'bytes':>11} {'FLOPs':>13}  "
                 "backward graph node"]
         for r in self.recomputed:
-            rows.append(f"{r.index:>9}  {r.prim:<14} {str(list(r.shape)):<18} {r.bytes:>11,} "
+            rows.append(f"{r.index:>9}  {r.prim:<{w}} {str(list(r.shape)):<18} {r.bytes:>11,} "
                         f"{r.flops:>13,}  {r.node}")
         return "\n".join(rows)
 

@@ -45,7 +45,8 @@ FLOP_RATE = 10e9
 BYTE_RATE = 5e9
 
 _HEAVY = {"gelu": 20, "erf": 20, "exp": 8, "log": 8, "tanh": 8, "sigmoid": 8, "sin": 8,
-          "cos": 8, "pow": 8, "sqrt": 4, "layer_norm": 8, "softmax": 10, "log_softmax": 10}
+          "cos": 8, "pow": 8, "sqrt": 4, "layer_norm": 8, "layer_norm_affine": 10, "softmax": 10,
+          "log_softmax": 10, "scaled_softmax": 11}
 
 
 def prim_flops(name, in_shapes, out_shape) -> int:
