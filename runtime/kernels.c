@@ -35,6 +35,21 @@ static PyObject *not_implemented(void)
     Py_RETURN_NOTIMPLEMENTED;
 }
 
+/* float_input(arg) in *x and a new array of its shape and dtype in *out: 1; 0
+   (nothing set) where the kernel does not apply; -1 with an exception. */
+static int float_input_output(PyObject *arg, PyArrayObject **x, PyObject **out)
+{
+    *x = float_input(arg);
+    if (*x == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    *out = PyArray_SimpleNew(PyArray_NDIM(*x), PyArray_DIMS(*x), PyArray_TYPE(*x));
+    if (*out == NULL) {
+        Py_DECREF(*x);
+        return -1;
+    }
+    return 1;
+}
+
 /* gelu(x, tanh): 0.5 x (1 + erf(x / sqrt 2)), or the tanh approximation. */
 static PyObject *k_gelu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -46,14 +61,11 @@ static PyObject *k_gelu(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int tanh_ = PyObject_IsTrue(args[1]);
     if (tanh_ < 0)
         return NULL;
-    PyArrayObject *x = float_input(args[0]);
-    if (x == NULL)
-        return PyErr_Occurred() ? NULL : not_implemented();
-    PyObject *out = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), PyArray_TYPE(x));
-    if (out == NULL) {
-        Py_DECREF(x);
-        return NULL;
-    }
+    PyArrayObject *x;
+    PyObject *out;
+    int made = float_input_output(args[0], &x, &out);
+    if (made <= 0)
+        return made < 0 ? NULL : not_implemented();
     npy_intp n = PyArray_SIZE(x);
     PyThreadState *ts = n >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
     if (PyArray_TYPE(x) == NPY_FLOAT32) {
@@ -132,14 +144,11 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int nd = PyArray_NDIM((PyArrayObject *)args[0]);
     if (nd == 0 || (dim != nd - 1 && dim != -1))
         return not_implemented();
-    PyArrayObject *x = float_input(args[0]);
-    if (x == NULL)
-        return PyErr_Occurred() ? NULL : not_implemented();
-    PyObject *out = PyArray_SimpleNew(nd, PyArray_DIMS(x), PyArray_TYPE(x));
-    if (out == NULL) {
-        Py_DECREF(x);
-        return NULL;
-    }
+    PyArrayObject *x;
+    PyObject *out;
+    int made = float_input_output(args[0], &x, &out);
+    if (made <= 0)
+        return made < 0 ? NULL : not_implemented();
     npy_intp rows, len;
     last_dims(x, 1, &rows, &len);
     PyThreadState *ts = PyArray_SIZE(x) >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
@@ -197,14 +206,11 @@ static PyObject *k_scaled_softmax(PyObject *self, PyObject *const *args, Py_ssiz
     int nd = PyArray_NDIM((PyArrayObject *)args[0]);
     if (nd < (causal ? 2 : 1))
         return not_implemented();
-    PyArrayObject *x = float_input(args[0]);
-    if (x == NULL)
-        return PyErr_Occurred() ? NULL : not_implemented();
-    PyObject *out = PyArray_SimpleNew(nd, PyArray_DIMS(x), PyArray_TYPE(x));
-    if (out == NULL) {
-        Py_DECREF(x);
-        return NULL;
-    }
+    PyArrayObject *x;
+    PyObject *out;
+    int made = float_input_output(args[0], &x, &out);
+    if (made <= 0)
+        return made < 0 ? NULL : not_implemented();
     npy_intp rows, len, n_rows = causal ? PyArray_DIM(x, nd - 2) : 1;
     last_dims(x, 1, &rows, &len);
     PyThreadState *ts = PyArray_SIZE(x) >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
