@@ -18,7 +18,9 @@ The value a ``store`` writes, and the chain of arithmetic right before it, is
 computed straight into the stored array (``ir.passes.in_place_writes``; the prim's
 numpy ufunc with ``out=``, as ``_u_<prim>``): an optimizer's update traced into the
 backward allocates what its eager form does. A scaled add there, ``a + s * b``, is
-one call (``_scaled_add``: one pass in C, numpy's roundings).
+one call (``_scaled_add``: one pass in C, numpy's roundings). Any other such prim
+whose value has dimensions calls the ufunc itself, ``_n_<prim>`` (its kernel less
+the wrapper that makes a 0-d result an array), accounted as its kernel.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from functools import partial
 import jinja2
 
 from compiled_autograd.ir.graph import Node, fresh_and_only_here
-from compiled_autograd.ir.passes import folded_operands, folded_last_uses, in_place_writes
+from compiled_autograd.ir.passes import (folded_operands, folded_last_uses, in_place_writes,
+                                         one_ufunc)
 from compiled_autograd.compiled.hook_calls import CALL_HOOK, store
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, boxed_symbol, expr_text
 from compiled_autograd.runtime import memory
@@ -134,6 +137,8 @@ class _Source:
                             args=[self.value(out), self.value(a), scale, self.value(b)],
                             kwargs=[])
             kernel, kwargs = "_u_", [("out", self.value(out))]
+        elif kernel == "_k_" and one_ufunc(node) and node.meta.get("shape"):
+            kernel = "_n_"    # the ufunc itself (a value with dimensions: an array)
         return dict(base, kind="prim", target=node.target, kernel=kernel,
                     args=[self.value(a) for a in node.args], kwargs=kwargs)
 
@@ -171,7 +176,7 @@ class PythonBackward:
         for name, prim in PRIMS.items():
             fast[f"_k_{name}"] = fast[f"_r_{name}"] = prim.kernel
             if prim.ufunc is not None:
-                fast[f"_u_{name}"] = prim.ufunc
+                fast[f"_u_{name}"] = fast[f"_n_{name}"] = prim.ufunc
         for kind, fn in CALL_HOOK.items():
             fast[f"_h_{kind}"] = fn
         fast["_store"] = store
@@ -180,7 +185,7 @@ class PythonBackward:
         self.fast = fast["compiled_backward"]
         accounted = dict(fast)
         for name, prim in PRIMS.items():
-            accounted[f"_k_{name}"] = partial(_accounted, prim)
+            accounted[f"_k_{name}"] = accounted[f"_n_{name}"] = partial(_accounted, prim)
             accounted[f"_r_{name}"] = partial(_accounted_recomputed, prim)
         self.accounted = types.FunctionType(self.fast.__code__, accounted, "compiled_backward")
 

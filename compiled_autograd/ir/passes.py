@@ -100,8 +100,10 @@ def _static_meta(node):
     return tuple(shape), node.meta["dtype"]
 
 
-def _writes_in_place(node) -> bool:
-    """A prim that is one numpy ufunc (``Prim.ufunc``), called without params."""
+def one_ufunc(node) -> bool:
+    """A prim that is one numpy ufunc (``Prim.ufunc``), called without params: it
+    may be computed into an array (``out=``), and where its value is not 0-d the
+    ufunc's own result is the kernel's."""
     if node.op != "call_function" or node.kwargs or "recipe" in node.meta:
         return False
     p = PRIMS.get(node.target)
@@ -142,7 +144,7 @@ def in_place_writes(graph) -> dict:
                            for u in n.users):
             feeds.add(n)
     for i, node in enumerate(nodes):
-        if node not in feeds or not _writes_in_place(node):
+        if node not in feeds or not one_ufunc(node):
             continue
         meta = _static_meta(node)
         for a in node.args:
@@ -155,14 +157,14 @@ def in_place_writes(graph) -> dict:
             continue
         dst, value = node.args
         meta = _static_meta(dst)
-        if nodes[i - 1] is not value or not _writes_in_place(value) or \
+        if nodes[i - 1] is not value or not one_ufunc(value) or \
                 list(value.users) != [node] or meta is None or _static_meta(value) != meta:
             continue
         out[value], out[node] = dst, "stored"
         j, later = i - 2, value
         while j >= 0 and dst not in later.args:
             prev = nodes[j]
-            if not _writes_in_place(prev) or list(prev.users) != [later] or \
+            if not one_ufunc(prev) or list(prev.users) != [later] or \
                     _static_meta(prev) != meta:
                 break
             out[prev], j, later = dst, j - 1, prev
@@ -175,7 +177,7 @@ def in_place_writes(graph) -> dict:
             j -= 1
         scaling = nodes[j] if j >= 0 else None
         if scaling is None or scaling is dst or scaling.target != "mul" or \
-                not _writes_in_place(scaling) or list(scaling.users) != [node]:
+                not one_ufunc(scaling) or list(scaling.users) != [node]:
             continue
         meta = _static_meta(node)
         if meta is None or meta[1] not in _FLOATS or _static_meta(scaling) != meta:

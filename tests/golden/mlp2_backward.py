@@ -8,10 +8,10 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     expand = _k_expand(reshape, shape=(3, 4)); del reshape
     # MulBackward
     saved = inputs[5]; inputs[5] = None
-    mul_1 = _k_mul(expand, saved); del saved
+    mul_1 = _n_mul(expand, saved); del saved
     saved_1 = inputs[6]; inputs[6] = None
-    mul_2 = _k_mul(expand, saved_1); del expand, saved_1
-    add = _k_add(mul_1, mul_2); del mul_1, mul_2
+    mul_2 = _n_mul(expand, saved_1); del expand, saved_1
+    add = _n_add(mul_1, mul_2); del mul_1, mul_2
     # LinearBackward
     saved_3 = inputs[4]; inputs[4] = None
     matmul = _k_matmul(add, saved_3); del saved_3
@@ -26,9 +26,9 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     _h_accumulate_grad(leaf_1, sum, True); del leaf_1, sum
     # TanhBackward
     saved_4 = inputs[2]; inputs[2] = None
-    mul_3 = _k_mul(saved_4, saved_4); del saved_4
-    sub = _k_sub(1.0, mul_3); del mul_3
-    mul_4 = _k_mul(matmul, sub); del matmul, sub
+    mul_3 = _n_mul(saved_4, saved_4); del saved_4
+    sub = _n_sub(1.0, mul_3); del mul_3
+    mul_4 = _n_mul(matmul, sub); del matmul, sub
     # LinearBackward
     permute_1 = _k_permute(mul_4, perm=(1, 0))
     saved_5 = inputs[1]; inputs[1] = None

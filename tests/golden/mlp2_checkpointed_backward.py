@@ -8,10 +8,10 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     expand = _k_expand(reshape, shape=(3, 4)); del reshape
     # MulBackward
     saved = inputs[1]; inputs[1] = None
-    mul_1 = _k_mul(expand, saved); del saved
+    mul_1 = _n_mul(expand, saved); del saved
     saved_1 = inputs[2]; inputs[2] = None
-    mul_2 = _k_mul(expand, saved_1); del expand, saved_1
-    add = _k_add(mul_1, mul_2); del mul_1, mul_2
+    mul_2 = _n_mul(expand, saved_1); del expand, saved_1
+    add = _n_add(mul_1, mul_2); del mul_1, mul_2
     # LinearBackward
     hook_1 = hooks[3]; hooks[3] = None
     packed_1 = packed_data[3]; packed_data[3] = None
@@ -32,9 +32,9 @@ def compiled_backward(inputs, sizes, scalars, hooks, packed_data):
     hook_2 = hooks[1]; hooks[1] = None
     packed_2 = packed_data[1]; packed_data[1] = None
     unpack_hook_2 = _h_unpack_hook(hook_2, packed_2, (3, 4)); del hook_2, packed_2
-    mul_3 = _k_mul(unpack_hook_2, unpack_hook_2); del unpack_hook_2
-    sub = _k_sub(1.0, mul_3); del mul_3
-    mul_4 = _k_mul(matmul, sub); del matmul, sub
+    mul_3 = _n_mul(unpack_hook_2, unpack_hook_2); del unpack_hook_2
+    sub = _n_sub(1.0, mul_3); del mul_3
+    mul_4 = _n_mul(matmul, sub); del matmul, sub
     # LinearBackward
     permute_1 = _k_permute(mul_4, perm=(1, 0))
     hook_3 = hooks[0]; hooks[0] = None; del hooks

@@ -1,0 +1,60 @@
+"""The "python" backend calls a prim that is one numpy ufunc (``Prim.ufunc``, no
+params) as the ufunc itself, ``_n_<prim>``, where its value has dimensions: the
+kernel's only other work is making a 0-d result an array. These tests hold the
+backend to that: every such kernel is its ufunc, bit for bit, on arrays; a 0-d
+value still calls the kernel; a param (sqrt's ``zero_grad_at_zero``) keeps the
+kernel. (``ca.memory.profile`` counts what an ``_n_`` call allocates:
+tests/test_schedule.py aligns the measured schedule node by node.)"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.runtime.prims import PRIMS
+
+ONE_UFUNC = sorted(name for name, p in PRIMS.items() if p.ufunc is not None)
+
+
+@pytest.mark.parametrize("name", ONE_UFUNC)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_kernel_is_its_ufunc(name, dtype):
+    prim = PRIMS[name]
+    rng = np.random.default_rng(0)
+    args = [np.abs(rng.standard_normal((3, 4))).astype(dtype) + 0.5
+            for _ in range(prim.ufunc.nin)]
+    if prim.ufunc.nin == 2:
+        args[1] = args[1][0]            # (broadcast, as a graph's operands may)
+    got, want = prim.kernel(*args), prim.ufunc(*args)
+    assert type(got) is np.ndarray and got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()
+    if prim.ufunc.nin == 2:             # a Python float operand keeps the array's dtype
+        assert prim.kernel(args[0], 0.5).tobytes() == prim.ufunc(args[0], 0.5).tobytes()
+
+
+def _code(fn):
+    x = ca.tensor(np.linspace(0.5, 2.0, 6).reshape(2, 3), requires_grad=True)
+    return ca.trace_backward(fn(x)).code
+
+
+def test_a_value_with_dimensions_calls_the_ufunc_a_0d_one_the_kernel():
+    code = _code(lambda x: (x * x).sum() * 3.0)
+    assert "_n_mul(" in code                 # the (2, 3) gradient of x * x
+    assert "_k_mul(grad_root" in code        # the 0-d gradient of the sum times 3
+
+
+def test_a_param_keeps_the_kernel():
+    from compiled_autograd.ir.graph import BOXED, Graph
+    from compiled_autograd.codegen.python import generate
+    g = Graph()
+    box = g.create_node("placeholder", "inputs", name="inputs")
+    for name in BOXED:
+        if name != "inputs":
+            g.create_node("placeholder", name, name=name)
+    meta = {"shape": (3,), "dtype": np.dtype(np.float32), "nbytes": 12, "source": None}
+    x = g.create_node("call_function", "getitem", (box, 0), name="x", meta=meta)
+    s = g.create_node("call_function", "sqrt", (x,), {"zero_grad_at_zero": True}, name="s",
+                      meta=meta)
+    g.create_node("output", "output", ((s,),), name="output")
+    code, _ = generate(g)
+    assert "_k_sqrt(x, zero_grad_at_zero=True)" in code
