@@ -30,6 +30,7 @@ from compiled_autograd.autograd import hooks as _hooks
 from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward, SavedVariable,
                                              accumulate_into, plain_array)
 from compiled_autograd.autograd.recipe import Kept, Recipe, check_backend
+from compiled_autograd.compiled.cache_key import Key
 from compiled_autograd.runtime.prims import index_param_names
 
 
@@ -216,21 +217,27 @@ class CompiledNodeArgs:
             self.slot[where] = ("inputs", len(self.inputs))
         self.inputs.append(tensor._data)
 
-    def collect_tensors(self, tensors, what=("tensors",)) -> None:
-        """Tensors whose arrays are runtime inputs (a traced hook's parameter and
-        state), as ``collect_tensor`` collects each, in one key item: ``what``
-        (a tuple), then each one's dtype and number of dimensions."""
-        record, sizes, inputs = self.record, self.sizes, self.inputs
-        item = list(what)
-        for tensor in tensors:
-            data = tensor._data
-            if record:
+    def collect_arrays(self, arrays, what, tensors=None) -> None:
+        """The arrays of ``tensors`` (a traced hook's parameter and state), runtime
+        inputs, as ``collect_tensor`` collects each, in one key item: ``what`` (a
+        tuple), then each one's dtype and number of dimensions. ``tensors`` (their
+        owners, in the same order) only when recording."""
+        sizes, inputs = self.sizes, self.inputs
+        if tensors is not None:
+            for tensor in tensors:
                 where = ("tensor", id(tensor))
                 self.size_pos[where] = len(sizes)
                 self.slot[where] = ("inputs", len(inputs))
-            sizes += data.shape
-            inputs.append(data)
-            item += (data.dtype, data.ndim)
+                sizes += tensor._data.shape
+                inputs.append(tensor._data)
+        else:
+            inputs += arrays
+        item = list(what)
+        for data in arrays:
+            shape = data.shape
+            if tensors is None:
+                sizes += shape
+            item += (data.dtype, len(shape))
         self.key.append(tuple(item))
 
     def collect_scalar(self, owner, value) -> int:
@@ -260,7 +267,8 @@ class CompiledNodeArgs:
         if kind == "post_acc_grad_hook" and hasattr(hook, "apply_with_saved"):
             if hook.compiled_args(self, variable):
                 self.key.append(("traced_hook", kind, nr))
-                self.traced_hooks.add(id(hook))
+                if self.record:
+                    self.traced_hooks.add(id(hook))
                 return True
         self.key.append(("hook", kind, nr))
         if self.record:
@@ -288,47 +296,6 @@ class CompiledNodeArgs:
 
     def freeze(self) -> "Key":
         return Key(self.key)
-
-
-class Key(tuple):
-    """A cache key: the tuple of key items, equal to that plain tuple. Its items
-    are interned (one object per distinct item, so that comparing two equal keys
-    compares pointers) and its hash is folded over the items' (``intern_fold``).
-    Like any dict key, it assumes its items' hashes never change (types, dtypes,
-    numbers, strings and tuples of them)."""
-
-    def __new__(cls, items):
-        items = list(items)
-        folded = intern_fold(items, 0, KEY_SEED)
-        key = tuple.__new__(cls, items)
-        key._hash = folded
-        return key
-
-    def __hash__(self):
-        return self._hash
-
-
-KEY_SEED = 0x345678
-_P, _M = 1000003, (1 << 61) - 1
-_INTERNED: dict = {}      # key item -> (the one such item, its hash)
-
-
-def intern_fold(items, start, h):
-    """Intern ``items[start:]`` in place (one object per distinct item, so that
-    equal keys compare by identity) and return ``h`` folded over them
-    (a polynomial in the items' hashes). The table is emptied when it has grown
-    past a bound (only identity is lost)."""
-    if len(_INTERNED) > 200_000:
-        _INTERNED.clear()
-    get = _INTERNED.get
-    for k in range(start, len(items)):
-        item = items[k]
-        entry = get(item)
-        if entry is None:
-            entry = _INTERNED[item] = (item, hash(item))
-        items[k] = entry[0]
-        h = (h * _P + entry[1]) % _M      # (its hash kept: a nested tuple's is not)
-    return h
 
 
 _SHAPE_SPLITS: dict = {}   # a node's input shapes -> (ndims, their sizes flat): they repeat
@@ -442,8 +409,17 @@ def node_hooks(fn):
     tensor pre-hooks and retain_grad, node pre-hooks, post-accumulate-grad hooks,
     node post-hooks."""
     d = fn.__dict__
-    out = []
     variable = _hooks.leaf_of(fn)
+    if variable is not None and not d and not variable._backward_hooks:
+        # (the common case: a leaf whose only hooks are post-accumulate-grad hooks)
+        post = variable._post_accumulate_grad_hooks
+        if not post:
+            return []
+        if len(post) == 1:
+            (h,) = post.values()
+            return [("post_acc_grad_hook", None, h)]
+        return [("post_acc_grad_hook", None, h) for h in post.values()]
+    out = []
     per_output = d.get("_tensor_pre_hooks")
     if variable is not None and variable._backward_hooks:
         per_output = {0: variable._backward_hooks}

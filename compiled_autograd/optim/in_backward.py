@@ -52,6 +52,7 @@ from functools import partial
 
 import numpy as np
 
+from compiled_autograd.autograd.tensor_base import VersionCounter
 from compiled_autograd.optim import traced
 from compiled_autograd.optim.optimizer import Optimizer
 
@@ -60,10 +61,13 @@ class UpdateHook:
     """The post-accumulate-grad hook of one parameter: its update (called as
     Python by eager autograd, traced by compiled autograd)."""
 
-    __slots__ = ("owner", "index", "__weakref__")
+    __slots__ = ("owner", "index", "compiled_args", "__weakref__")
 
     def __init__(self, owner, index):
         self.owner, self.index = owner, index     # (the optimizer's, its group's)
+        # ``compiled_args(args, param) -> bool``: the owner's, for this group (a
+        # partial, not a method: called per parameter at every backward)
+        self.compiled_args = partial(owner._compiled_args, index)
 
     def __call__(self, param):
         # A parameter DistributedDataParallel averages is updated once its
@@ -73,9 +77,6 @@ class UpdateHook:
             if defer is not None and defer(self.owner._update_hook):
                 return
         self.owner._update_hook(param)
-
-    def compiled_args(self, args, param) -> bool:
-        return self.owner._compiled_args(self.index, args, param)
 
     def apply_with_saved(self, param, grad, swap) -> None:
         self.owner._apply_with_saved(self, param, grad, swap)
@@ -129,14 +130,15 @@ class OptimizerInBackward(Optimizer):
     def _compiled_args(self, index, args, p) -> bool:
         """Collect the traced update of ``p``, of group ``index`` (see the module
         doc), or say False. (Per parameter, at every backward: kept lean.)"""
-        opt = self.optimizer
-        state = opt.state.get(p, _NO_STATE)
         if p._grad is not None or len(p._post_accumulate_grad_hooks) != 1:
             return False
         data = p._data
         dtype, shape = data.dtype, data.shape
         if dtype.kind != "f" or not data.flags.carray:
             return False
+        opt = self.optimizer
+        state = opt.state.get(p, _NO_STATE)
+        arrays = [data]
         for t in state.values():
             a = getattr(t, "_data", None)
             if a is None:   # (a loaded torch state's None momentum buffer: Python's)
@@ -145,18 +147,21 @@ class OptimizerInBackward(Optimizer):
             # parameter's shape in another dtype: eager computes in the
             # parameter's scratch dtype, the traced chain does not; the step
             # count is a float32 0-d array whatever the parameter's dtype)
-            if not a.flags.carray or (a.dtype != dtype and a.shape == shape):
+            if not a.flags.carray or (a.dtype is not dtype and a.dtype != dtype
+                                      and a.shape == shape):
                 return False
+            arrays.append(a)
         # What the parameters of a group share is collected once per backward (and
         # per value of what of the state the floats read: Adam's step count), as
         # one key item the parameter's own item names by its position.
-        memo_key = (id(self), index, opt._scalars_key(state) if state else None, *state)
+        memo_key = (self, index, opt._scalars_key(state) if state else None, *state)
         shared = args.memo.get(memo_key)
         if shared is None:
             shared = args.memo[memo_key] = self._collect_shared(args, index, state)
         if shared is False:
             return False
-        args.collect_tensors((p, *state.values()), ("optimizer update", shared[0]))
+        args.collect_arrays(arrays, ("optimizer update", shared[0]),
+                            (p, *state.values()) if args.record else None)
         shared[1].append(p)
         return True
 
@@ -185,7 +190,8 @@ class OptimizerInBackward(Optimizer):
         backward ran: each parameter was modified in place (a saved copy of it is
         out of date), and the optimizer stepped (a scheduler's order check)."""
         for p in params:
-            p._version_counter.bump()
+            p._version_counter.value += 1     # (VersionCounter.bump, counted below)
+        VersionCounter.writes += len(params)
         self._opt_called = True
 
     def _apply_with_saved(self, hook, p, grad, swap) -> None:

@@ -203,7 +203,7 @@ class Optimizer:
             with enable_grad():
                 loss = closure()
         todo = [(p, group) for group in self.param_groups for p in group["params"]
-                if p.grad is not None]    # (none after a backward that updated them)
+                if p._grad is not None]    # (none after a backward that updated them)
         if todo:
             with no_grad():
                 for p, group in todo:
