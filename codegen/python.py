@@ -30,6 +30,7 @@ import types
 from functools import partial
 
 import jinja2
+import numpy as np
 
 from compiled_autograd.ir.graph import Node, fresh_and_only_here
 from compiled_autograd.ir.passes import (folded_operands, folded_last_uses, in_place_writes,
@@ -64,6 +65,8 @@ class _Source:
     def __init__(self, graph):
         self.graph = graph
         self.constants: dict[str, object] = {}
+        self.typed: dict = {}       # (a number's text, dtype) -> its 0-d array's name
+        self.preamble: list = []    # the runtime scalars made 0-d arrays at the start
 
     def const(self, value):
         name = f"_c{len(self.constants)}"
@@ -82,6 +85,40 @@ class _Source:
         if isinstance(v, tuple):
             return {"kind": "tuple", "elements": [self.value(x) for x in v]}
         return self.const(v)  # dtypes, strings, non-finite floats, anything else
+
+    def operand(self, node, v):
+        """An argument of prim ``node``. A number operand of a ufunc computing in
+        a float dtype, beside arrays of that dtype, becomes a 0-d array of it:
+        numpy casts the number to that dtype anyway (NEP 50), and an array is its
+        fast path (a Python float costs a conversion in every call). A literal is
+        a constant; a runtime scalar (``scalars[i]`` and arithmetic on it) is made
+        an array once, at the start (``preamble``)."""
+        dtype = node.meta.get("dtype")
+        if isinstance(v, Node) or type(v) not in (int, float, SymInt, SymFloat) or \
+                not one_ufunc(node) or dtype is None or dtype.kind != "f" or \
+                any(a.meta.get("dtype") != dtype for a in node.args if isinstance(a, Node)):
+            return self.value(v)
+        text = self.value(v)["text"] if type(v) is not float or math.isfinite(v) else repr(v)
+        name = self.typed.get((text, dtype))
+        if name is None:
+            if isinstance(v, (SymInt, SymFloat)):
+                name = f"_scalar{len(self.preamble)}"
+                self.preamble.append({"name": name, "expr": text,
+                                      "dtype": self.dtype_name(dtype)})
+            else:
+                name = "_" + re.sub(r"[^A-Za-z0-9]", "_", f"{dtype.name}_{text}")
+                while name in self.constants:
+                    name += "_"
+                array = np.array(v, dtype)
+                array.flags.writeable = False
+                self.constants[name] = array
+            self.typed[(text, dtype)] = name
+        return {"kind": "name", "text": name}
+
+    def dtype_name(self, dtype):
+        name = f"_{dtype.name}"
+        self.constants.setdefault(name, dtype)
+        return name
 
     def lines(self):
         self.out = in_place_writes(self.graph)
@@ -140,7 +177,7 @@ class _Source:
         elif kernel == "_k_" and one_ufunc(node) and node.meta.get("shape"):
             kernel = "_n_"    # the ufunc itself (a value with dimensions: an array)
         return dict(base, kind="prim", target=node.target, kernel=kernel,
-                    args=[self.value(a) for a in node.args], kwargs=kwargs)
+                    args=[self.operand(node, a) for a in node.args], kwargs=kwargs)
 
 
 def _has_value(node):
@@ -154,7 +191,7 @@ def generate(graph):
     src = _Source(graph)
     blocks = src.lines()
     text = _ENV.get_template("python_backward.py.j2").render(
-        blocks=blocks, n_nodes=len(graph.nodes))
+        blocks=blocks, n_nodes=len(graph.nodes), preamble=src.preamble)
     return text.rstrip() + "\n", src.constants
 
 
@@ -181,6 +218,7 @@ class PythonBackward:
             fast[f"_h_{kind}"] = fn
         fast["_store"] = store
         fast["_scaled_add"] = scaled_add
+        fast["_as"] = np.asarray
         self.filename, fast = load_python(self.code, fast)
         self.fast = fast["compiled_backward"]
         accounted = dict(fast)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
+from compiled_autograd.compiled.api import backward_on
 from compiled_autograd.runtime.prims import PRIMS
 
 ONE_UFUNC = sorted(name for name, p in PRIMS.items() if p.ufunc is not None)
@@ -58,3 +59,53 @@ def test_a_param_keeps_the_kernel():
     g.create_node("output", "output", ((s,),), name="output")
     code, _ = generate(g)
     assert "_k_sqrt(x, zero_grad_at_zero=True)" in code
+
+
+# ------------------------------------------------- numbers as 0-d arrays of the dtype
+
+def _f(x):
+    return ((x * 0.1 + 2) / 3.0 - x.tanh() * 1e-3 + (x - 7)).sum() * 0.5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_number_beside_arrays_of_a_float_dtype_is_a_0d_array_of_it(dtype):
+    """Literals become read-only constants of the dtype, runtime scalars 0-d arrays
+    made once at the start; the gradient is eager's, bit for bit (numpy casts a
+    Python number to the array's dtype anyway)."""
+    name = np.dtype(dtype).name
+    x = ca.tensor(np.linspace(0.5, 2.0, 6).reshape(2, 3), dtype=getattr(ca, name),
+                  requires_grad=True)
+    g = ca.trace_backward(_f(x))
+    assert f"_n_sub(_{name}_1_0, " in g.code               # tanh's 1 - y * y
+    assert f"= _as(scalars[" in g.code and f", _{name})" in g.code
+    assert "scalars[" not in g.code.split("grad_root = ")[1]   # only in the preamble
+    from compiled_autograd.codegen.python import generate
+    constant = generate(g.graph)[1][f"_{name}_1_0"]
+    assert constant.dtype == dtype and constant.shape == () and not constant.flags.writeable
+    grads = []
+    for backend in (None, "python"):
+        x.grad = None
+        backward_on(_f(x), backend)
+        grads.append(x.grad.numpy().copy())
+    assert grads[0].tobytes() == grads[1].tobytes()
+
+
+def test_a_number_beside_an_array_of_another_dtype_stays_a_number():
+    """An integer array's arithmetic, or mixed dtypes, keep numpy's own rules."""
+    from compiled_autograd.codegen.python import _Source
+    from compiled_autograd.ir.graph import Graph
+    g = Graph()
+    box = g.create_node("placeholder", "inputs", name="inputs")
+    f32 = {"shape": (3,), "dtype": np.dtype(np.float32), "nbytes": 12, "source": None}
+    i64 = {"shape": (3,), "dtype": np.dtype(np.int64), "nbytes": 24, "source": None}
+    f64 = {"shape": (3,), "dtype": np.dtype(np.float64), "nbytes": 24, "source": None}
+    i = g.create_node("call_function", "getitem", (box, 0), name="i", meta=i64)
+    x = g.create_node("call_function", "getitem", (box, 1), name="x", meta=f32)
+    cases = {"ints": g.create_node("call_function", "mul", (i, 2), name="ints", meta=i64),
+             "int array to float": g.create_node("call_function", "mul", (i, 0.5),
+                                                  name="half", meta=f64),
+             "float": g.create_node("call_function", "mul", (x, 0.5), name="f", meta=f32)}
+    src = _Source(g)
+    src.out = {}
+    args = {k: src.line(n, [])["args"][1]["text"] for k, n in cases.items()}
+    assert args == {"ints": "2", "int array to float": "0.5", "float": "_float32_0_5"}
