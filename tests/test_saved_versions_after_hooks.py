@@ -145,10 +145,6 @@ def test_a_nested_backward_inside_the_hook_does_not_hide_the_write(backend):
         assert got[1] is None and got[2] is None
 
 
-@pytest.mark.xfail(strict=True, reason="not done: a compiled backward checks the plain "
-                   "saved values after a call into Python, not the kept arrays a memory "
-                   "plan's recipes recompute from (a wrong gradient, silently)",
-                   raises=AssertionError)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_hook_writing_an_array_a_memory_plan_recomputes_from_raises(backend):
     from compiled_autograd.autograd.recipe import ANY_BACKEND

@@ -53,15 +53,37 @@ class Kept:
         self.version = None if version_counter is None else version_counter.value
 
     def read(self, recipe) -> np.ndarray:
-        if self.version_counter is not None and self.version_counter.value != self.version:
-            dims = ", ".join(str(d) for d in self.data.shape)
+        self.version_check().check(recipe.describe())
+        return self.data
+
+    def version_check(self) -> "KeptVersion":
+        """What checking its version needs, without holding the array."""
+        return KeptVersion(self.version_counter, self.version, self.data.dtype,
+                           self.data.shape)
+
+
+class KeptVersion:
+    """A kept array's version counter, the version it was kept at, its dtype and
+    shape: a compiled backward checks it after a call into Python without keeping
+    the array alive (``hook_calls.after_python``)."""
+
+    __slots__ = ("version_counter", "version", "dtype", "shape")
+
+    def __init__(self, version_counter, version, dtype, shape):
+        self.version_counter, self.version = version_counter, version
+        self.dtype, self.shape = dtype, shape
+
+    def check(self, recipe_name: str) -> None:
+        """Eager's error if the array was modified in place since it was kept."""
+        counter = self.version_counter
+        if counter is not None and counter.value != self.version:
+            dims = ", ".join(str(d) for d in self.shape)
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified "
-                f"by an inplace operation: [{type_name(self.data.dtype)} [{dims}]] is at "
-                f"version {self.version_counter.value}; expected version {self.version} "
-                f"instead. Hint: the memory plan recomputes {recipe.describe()} from this "
+                f"by an inplace operation: [{type_name(self.dtype)} [{dims}]] is at "
+                f"version {counter.value}; expected version {self.version} "
+                f"instead. Hint: the memory plan recomputes {recipe_name} from this "
                 "value; do the in-place operation on a clone, or after the backward.")
-        return self.data
 
 
 ANY_BACKEND = object()   # a recipe any backward may run (not a measured plan's)

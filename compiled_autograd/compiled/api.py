@@ -208,7 +208,7 @@ def run(roots, retain_graph, input_edges, accumulate, context):
     # As eager: the backward (and the hooks it calls) runs without grad mode.
     # (The collected lists are the compiled function's own from here on.)
     try:
-        with hook_calls.checking_versions(checks, collected.plain) \
+        with hook_calls.checking_versions(checks, collected.plain, collected.kept_versions) \
                 if checks or hook_calls.checking() else nullcontext():
             if not calls_python and not _memory.active():
                 out = engine.run_task(task, False, entry.fn, inputs, collected.sizes,

@@ -69,6 +69,7 @@ class CompiledNodeArgs:
         self.recipes: dict = {}          # id(Recipe) -> its number in this backward
         self.recipe_objects: list = []   # the Recipes numbered
         self.kept: dict = {}             # id(kept array) -> its slot in inputs
+        self.kept_versions: list = []    # each kept array's KeptVersion, in that order
         self.node = None                 # the node being collected (for error messages)
         self.uncacheable_reason = None   # set when the trace must not be reused
 
@@ -187,7 +188,9 @@ class CompiledNodeArgs:
                     slot = self.kept[id(a.data)] = ("inputs", len(self.inputs))
                     if self.record:
                         self.slot[("kept", id(a.data))] = slot
+                        self.slot[("kept version", id(a.data))] = len(self.kept_versions)
                     self.inputs.append(a.data)
+                    self.kept_versions.append(a.version_check())
                 items.append(("kept", slot[1], a.data.dtype, a.data.shape))
             else:
                 items.append(a)
@@ -291,6 +294,7 @@ class CompiledNodeArgs:
         """Let go of the runtime values (a backward that will not use them)."""
         for values in (self.saved, self.plain, self.inputs, self.hooks, self.packed_data,
                        self.release_nodes, self.recipe_objects, self.recipes, self.kept,
+                       self.kept_versions,
                        self.after_run):
             values.clear()
 

@@ -30,14 +30,15 @@ _versions = threading.local()
 
 
 @contextlib.contextmanager
-def checking_versions(checks, plain):
-    """While a compiled backward runs: ``checks[k]``, the saved values (``plain[i]``,
-    the node that needs it) read after its k-th call into Python and before the next
-    (``passes.saved_reads_after_callbacks``)."""
+def checking_versions(checks, plain, kept=()):
+    """While a compiled backward runs: ``checks[k]``, the values read after its k-th
+    call into Python and before the next (``passes.saved_reads_after_callbacks``):
+    saved values (``plain[i]``) and kept arrays of a memory plan (``kept[j]``, their
+    ``KeptVersion``)."""
     stack = getattr(_versions, "stack", None)
     if stack is None:
         stack = _versions.stack = []
-    stack.append([checks, plain, 0, VersionCounter.writes])
+    stack.append([checks, (plain, kept), 0, VersionCounter.writes])
     try:
         yield
     finally:
@@ -59,11 +60,14 @@ def after_python():
     if not stack:
         return
     run = stack[-1]
-    checks, plain, k, writes = run
+    checks, (plain, kept), k, writes = run
     run[2] = k + 1
     if VersionCounter.writes != writes and k < len(checks):
-        for i, name, origin in checks[k]:
-            plain[i].check_version(name, origin)
+        for kind, i, name, origin in checks[k]:
+            if kind == "saved":
+                plain[i].check_version(name, origin)
+            else:
+                kept[i].check(name)
 
 
 def _calls_python(kind):

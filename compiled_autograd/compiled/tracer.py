@@ -264,6 +264,9 @@ class Tracer:
                     kept = self._proxies[where] = Proxy(self, self.getitem(
                         "inputs", self.input_index(i), a.data.shape, a.data.dtype,
                         name="kept"))
+                    # (checked after a call into Python, as eager's read checks it)
+                    kept.node.meta["kept"] = (
+                        self.collected.slot[("kept version", id(a.data))], recipe.describe())
                 args.append(kept)
             else:
                 args.append(a)

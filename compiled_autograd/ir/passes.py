@@ -74,11 +74,13 @@ def place_reads(graph, unpack="progressive") -> None:
 def saved_reads_after_callbacks(graph) -> tuple:
     """For each call into Python (a ``call_hook`` node other than an accumulation,
     in program order): the saved values read after it and before the next one, as
-    (i, name, origin) -- ``plain[i]`` of the collected args (meta "saved"), the node
-    whose backward needs it. A hook or custom backward may modify a saved tensor in
-    place; eager raises when the node that saved it unpacks it, so a compiled
-    backward checks, after each such call, the versions of the values read before
-    the next (``hook_calls.after_python``); with how eager's error names the value
+    ("saved", i, name, origin) -- ``plain[i]`` of the collected args (meta "saved"),
+    the node whose backward needs it -- or ("kept", j, recipe, None): the j-th kept
+    array a memory plan's recomputation reads (meta "kept"). A hook or custom
+    backward may modify a saved tensor in place; eager raises when the node that
+    saved it unpacks it (or the recomputation reads it), so a compiled backward
+    checks, after each such call, the versions of the values read before the next
+    (``hook_calls.after_python``); with how eager's error names the value
     (``SavedVariable.origin``). () when no value is read after one."""
     sites, current = [], None
     for node in graph.nodes:
@@ -87,7 +89,10 @@ def saved_reads_after_callbacks(graph) -> tuple:
             sites.append(current)
         elif current is not None and _is_read(node) and "saved" in node.meta:
             i, origin = node.meta["saved"]
-            current.append((i, node.meta.get("source") or "backward", origin))
+            current.append(("saved", i, node.meta.get("source") or "backward", origin))
+        elif current is not None and _is_read(node) and "kept" in node.meta:
+            j, recipe = node.meta["kept"]
+            current.append(("kept", j, recipe, None))
     if not any(sites):
         return ()
     return tuple(tuple(site) for site in sites)
