@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 import types
 from functools import partial
 
@@ -65,7 +66,7 @@ class _Source:
     def __init__(self, graph):
         self.graph = graph
         self.constants: dict[str, object] = {}
-        self.typed: dict = {}       # (a number's text, dtype) -> its 0-d array's name
+        self.typed: dict = {}       # (a number's text, dtype, bits) -> its 0-d array's name
         self.preamble: list = []    # the runtime scalars made 0-d arrays at the start
 
     def const(self, value):
@@ -99,7 +100,9 @@ class _Source:
                 any(a.meta.get("dtype") != dtype for a in node.args if isinstance(a, Node)):
             return self.value(v)
         text = self.value(v)["text"] if type(v) is not float or math.isfinite(v) else repr(v)
-        name = self.typed.get((text, dtype))
+        # (a float by its bits too: -nan's repr is "nan", and its sign bit is kept)
+        key = (text, dtype, struct.pack("<d", v) if type(v) is float else None)
+        name = self.typed.get(key)
         if name is None:
             if isinstance(v, (SymInt, SymFloat)):
                 name = f"_scalar{len(self.preamble)}"
@@ -112,7 +115,7 @@ class _Source:
                 array = np.array(v, dtype)
                 array.flags.writeable = False
                 self.constants[name] = array
-            self.typed[(text, dtype)] = name
+            self.typed[key] = name
         return {"kind": "name", "text": name}
 
     def dtype_name(self, dtype):

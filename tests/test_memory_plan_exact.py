@@ -206,3 +206,18 @@ def test_on_a_two_layer_transformer_no_plan_costs_a_tenth_less_than_the_planners
                               cost_limit=chosen.cost / 1.10)
         assert cheaper.complete
         assert not cheaper.points, (fraction, chosen.cost / cheaper.points[0][1])
+
+
+def test_the_plan_graphs_kept_nodes_are_the_planners_own():
+    """meta "kept" of a plan's graph is the index of a value the plan keeps
+    (``simulate.plan_graph``; ``exact._Bound`` counts the steps without one). The
+    profile's traced backward reads its kept arrays (the leaves) too, and the graph
+    copies those reads: their meta must not say "kept" (it did, as a tuple, and
+    the bound dropped those steps)."""
+    profile = _profile(*SMALL[0])
+    graph = simulate(profile, frozenset()).graph
+    kept = [n.meta["kept"] for n in graph.nodes if "kept" in n.meta]
+    assert kept and all(type(k) is int and profile.values[k] for k in kept)
+    reads = [n for n in graph.nodes if "kept_version" in n.meta]
+    assert reads, "the traced reads of the kept arrays are in the plan's graph"
+    assert not any("kept" in n.meta for n in reads)

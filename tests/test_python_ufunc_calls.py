@@ -109,3 +109,43 @@ def test_a_number_beside_an_array_of_another_dtype_stays_a_number():
     src.out = {}
     args = {k: src.line(n, [])["args"][1]["text"] for k, n in cases.items()}
     assert args == {"ints": "2", "int array to float": "0.5", "float": "_float32_0_5"}
+
+
+_LITERALS = [1.0, 1, -1.0, -1, 0.0, -0.0, 0, 0.1, 1e16, 1e-16, 5e-324, 2**70 + 1,
+             float("inf"), float("-inf"), float("nan"), -float("nan")]
+
+
+def test_every_literal_operand_gives_the_kernels_bits():
+    """Literal operands of every binary ufunc prim, first or second, beside arrays
+    of float16/32/64: the generated function's results are the kernel's on the
+    Python number, bit for bit, and the constants' names never collide (1e16 and
+    1e-16 give the same identifier; -nan's repr is "nan": it shared +nan's constant
+    and lost its sign bit)."""
+    from compiled_autograd.codegen.python import PythonBackward
+    from compiled_autograd.ir.graph import BOXED, Graph
+    g = Graph()
+    box = g.create_node("placeholder", "inputs", name="inputs")
+    for name in BOXED:
+        if name != "inputs":
+            g.create_node("placeholder", name, name=name)
+    inputs, nodes, want = [], [], []
+    for k, dtype in enumerate(map(np.dtype, (np.float16, np.float32, np.float64))):
+        meta = {"shape": (3,), "dtype": dtype, "nbytes": 3 * dtype.itemsize, "source": None}
+        x = g.create_node("call_function", "getitem", (box, k), name="x", meta=meta)
+        inputs.append(np.array([1.5, -2.0, 0.0], dtype))
+        for lit in _LITERALS:
+            for op in ("add", "sub", "mul", "div", "maximum"):
+                for args in ((x, lit), (lit, x)):
+                    nodes.append(g.create_node("call_function", op, args, name=op, meta=meta))
+                    with np.errstate(all="ignore"):
+                        want.append(PRIMS[op].kernel(*[inputs[k] if a is x else a
+                                                       for a in args]))
+    g.create_node("output", "output", (tuple(nodes),), name="output")
+    with np.errstate(all="ignore"):
+        fn = PythonBackward(g)
+        got = fn(list(inputs), [], [], [], [])
+    assert "_n_sub(_float32__1_0, x" in fn.code and "_float64_1e_16_" in fn.code
+    bad = [(n.target, n.args, w.tobytes().hex(), r.tobytes().hex())
+           for n, w, r in zip(nodes, want, got)
+           if w.dtype != r.dtype or w.tobytes() != r.tobytes()]
+    assert not bad

@@ -225,3 +225,47 @@ def test_the_error_names_this_backwards_producer_of_the_value_on_a_cache_hit(bac
         assert f"output 0 of {op.capitalize()}Backward" in expected
         assert run(op, backend) == expected
     assert ca.compiled_autograd_stats()["cache_hits"] == 1
+
+
+def _two_recomputations_of_one_kept_array(backend, write):
+    """x is kept; exp(3x) and exp(2x) are recomputed from it. The backward
+    recomputes exp(2x) first, then runs a tensor hook on sum(exp(3x)) that writes x
+    in place (``write``), then recomputes exp(3x): eager raises there."""
+    from compiled_autograd.autograd.recipe import RecipeRecorder
+    x = ca.tensor(np.array([0.1, 0.2, 0.3], np.float32), requires_grad=True)
+    with RecipeRecorder(lambda i: True):
+        b = (x * 3).exp()
+        sb = b.sum()
+        a = (x * 2).exp()
+        loss = a.sum() + sb
+
+    def hook(g):
+        if write:
+            with ca.no_grad():
+                x.detach().mul_(10.0)
+        return g
+    sb.register_hook(hook)
+    try:
+        _backward(loss, backend)
+    except RuntimeError as e:
+        return str(e)
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kept_array_read_by_recomputations_before_and_after_a_hook(backend):
+    """The graph reads a kept array once, before its first recomputation; a hook
+    between that one and a later recomputation from the same array writes it: the
+    compiled backward raises eager's error, naming the later recomputation (it
+    checked only the arrays whose read came after the hook, and gave a gradient
+    from the modified array, silently)."""
+    ca.reset_compiled_autograd()
+    expected = _two_recomputations_of_one_kept_array(None, True)
+    assert isinstance(expected, str) and "recomputes mul (forward prim #0)" in expected
+    for _ in range(2):       # the capture, then a cache hit
+        got = _two_recomputations_of_one_kept_array(backend, True)
+        assert isinstance(got, str), "no error: a gradient from the modified array"
+        assert got == expected
+    clean = _two_recomputations_of_one_kept_array(None, False)
+    got = _two_recomputations_of_one_kept_array(backend, False)
+    np.testing.assert_allclose(got, clean, rtol=1e-6)

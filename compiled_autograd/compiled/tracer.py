@@ -264,9 +264,11 @@ class Tracer:
                     kept = self._proxies[where] = Proxy(self, self.getitem(
                         "inputs", self.input_index(i), a.data.shape, a.data.dtype,
                         name="kept"))
-                    # (checked after a call into Python, as eager's read checks it)
-                    kept.node.meta["kept"] = (
-                        self.collected.slot[("kept version", id(a.data))], recipe.describe())
+                    # (its version is checked after a call into Python that comes
+                    # before a recomputation from it, as eager's read checks it:
+                    # passes.saved_reads_after_callbacks)
+                    kept.node.meta["kept_version"] = \
+                        self.collected.slot[("kept version", id(a.data))]
                 args.append(kept)
             else:
                 args.append(a)
@@ -276,6 +278,7 @@ class Tracer:
         finally:
             self.source = source
         p.node.meta["recipe"] = recipe.index
+        p.node.meta["recomputes"] = recipe.describe()   # (eager's error names it)
         self._proxies[key] = p
         return p
 

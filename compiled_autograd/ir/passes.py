@@ -76,23 +76,29 @@ def saved_reads_after_callbacks(graph) -> tuple:
     in program order): the saved values read after it and before the next one, as
     ("saved", i, name, origin) -- ``plain[i]`` of the collected args (meta "saved"),
     the node whose backward needs it -- or ("kept", j, recipe, None): the j-th kept
-    array a memory plan's recomputation reads (meta "kept"). A hook or custom
+    array of a memory plan (meta "kept_version" of its read), which the
+    recomputation ``recipe`` (meta "recomputes") computes from. A hook or custom
     backward may modify a saved tensor in place; eager raises when the node that
-    saved it unpacks it (or the recomputation reads it), so a compiled backward
+    saved it unpacks it (or a recomputation reads it), so a compiled backward
     checks, after each such call, the versions of the values read before the next
     (``hook_calls.after_python``); with how eager's error names the value
-    (``SavedVariable.origin``). () when no value is read after one."""
-    sites, current = [], None
+    (``SavedVariable.origin``). () when no value is read after one. A kept array
+    is read once, before the first recomputation from it: it is checked where
+    each recomputation from it comes, not where it is read."""
+    sites, current, kept = [], None, set()
     for node in graph.nodes:
         if node.op == "call_hook" and node.target != "accumulate_grad":
-            current = []
+            current, kept = [], set()
             sites.append(current)
         elif current is not None and _is_read(node) and "saved" in node.meta:
             i, origin = node.meta["saved"]
             current.append(("saved", i, node.meta.get("source") or "backward", origin))
-        elif current is not None and _is_read(node) and "kept" in node.meta:
-            j, recipe = node.meta["kept"]
-            current.append(("kept", j, recipe, None))
+        elif current is not None and "recomputes" in node.meta:
+            for a in node.all_input_nodes:
+                j = a.meta.get("kept_version")
+                if j is not None and j not in kept:
+                    kept.add(j)
+                    current.append(("kept", j, node.meta["recomputes"], None))
     if not any(sites):
         return ()
     return tuple(tuple(site) for site in sites)
