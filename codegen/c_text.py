@@ -48,10 +48,18 @@ def literal(value, ct) -> str:
     if isinstance(value, bool):
         return f"(({ct}){int(value)})"
     if isinstance(value, int):
-        return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
+        if ct in ("float", "double") and abs(value) > 2**31:
+            # (as numpy casts a Python int to a float dtype: through float64 first;
+            # one past long long's range is no C literal at all)
+            try:
+                value = float(value)
+            except OverflowError:
+                value = math.copysign(math.inf, value)
+        else:
+            return f"(({ct}){value}LL)" if abs(value) > 2**31 else f"(({ct}){value})"
     if isinstance(value, float):
-        if math.isnan(value):
-            return f"(({ct})NAN)"
+        if math.isnan(value):     # (its sign kept: -nan is a negative NaN, as numpy's)
+            return f"(({ct})(-NAN))" if math.copysign(1.0, value) < 0 else f"(({ct})NAN)"
         if math.isinf(value):
             return f"(({ct}){'-' if value < 0 else ''}INFINITY)"
         return f"(({ct}){value!r})"

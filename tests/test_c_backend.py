@@ -596,3 +596,26 @@ def test_a_matmul_with_an_empty_dim(a_shape, b_shape):
         return a.grad.numpy(), b.grad.numpy()
     for want, got in zip(grads(False), grads(True)):
         np.testing.assert_array_equal(got, want)
+
+
+@needs_cc
+@pytest.mark.parametrize("k", [2**100, 2**60 + 2**36 + 1, -(2**70) - 1, 2**31 + 1])
+def test_a_large_int_constant_is_cast_as_numpy_casts_it(k):
+    """An int constant in a float computation goes through float64, as numpy casts a
+    Python int: 2**100 was a C ``long long`` literal (no such number: inf), and
+    2**60 + 2**36 + 1 was rounded once to float, one ulp from numpy's two roundings."""
+    from compiled_autograd.compiled.api import backward_on
+    grads = []
+    for backend in (None, "c"):
+        x = ca.tensor(np.array([1.0, -2.0, 3.0], np.float32), requires_grad=True)
+        backward_on((x * k).sum(), backend)
+        grads.append(x.grad.numpy().tobytes())
+    assert grads[0] == grads[1]
+
+
+def test_a_negative_nan_constant_keeps_its_sign():
+    from compiled_autograd.codegen.c_text import literal
+    assert literal(float("-nan"), "float") == "((float)(-NAN))"
+    assert literal(float("nan"), "float") == "((float)NAN)"
+    assert literal(2**100, "float") == "((float)1.2676506002282294e+30)"
+    assert literal(2**100, "int64_t") == "((int64_t)1267650600228229401496703205376LL)"
