@@ -520,22 +520,30 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
     return Front(front, most, time.perf_counter() - start, len(order), len(order))
 
 
-def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3):
+def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3,
+                 low=0, rounds=None, plans=None):
     """(lo, hi): the least bound of any plan lies in (lo, hi], so every plan's
     simulated peak is above ``lo`` -- by bisection on a budget, each step the
     bound's DP for that budget asking only whether any plan's bound fits
     (``bound_front(..., feasible_only=True)``), until ``hi - lo`` is at most
-    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's).
-    Where the DP gives up (over ``state_limit`` states), the bracket found so far
-    is returned, and ``lo`` is still proven."""
-    lo, hi = 0, int(high)
-    while hi - lo > tolerance * hi:
+    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's);
+    ``low``: a peak no plan's bound is at or below (0; or the bound of the
+    empty assignment, every value open, less one). Where the DP gives up (over
+    ``state_limit`` states), or after ``rounds`` steps, the bracket found so far
+    is returned, and ``lo`` is still proven. ``plans``: a list that receives
+    (bound, recompute set) of the plans each step found, the lowest first."""
+    lo, hi = int(low), int(high)
+    while hi - lo > tolerance * hi and (rounds is None or rounds > 0):
+        rounds = None if rounds is None else rounds - 1
         mid = (lo + hi) // 2
         found = bound_front(profile, decisions, state_limit, budget=mid, feasible_only=True)
         if not found.complete:
             break
         if found.points:
             hi = min(p for p, _, _ in found.points)
+            if plans is not None:
+                plans[:0] = sorted(((p, plan) for p, _, plan in found.points),
+                                   key=lambda x: x[0])
         else:
             lo = mid
     return lo, hi

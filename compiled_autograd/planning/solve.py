@@ -43,7 +43,7 @@ import time
 
 import networkx as nx
 
-from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front
+from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front, lowest_bound
 from compiled_autograd.planning.simulate import needed_values, simulate
 
 
@@ -65,6 +65,8 @@ FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per quest
 BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one budget
 BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
+LOWEST_ROUNDS = 8       # where the front is too big, steps of the bisection of the
+LOWEST_TOLERANCE = 0.01   # bound's least value (exact.lowest_bound): until this close
 
 
 class _Planner:
@@ -89,9 +91,7 @@ class _Planner:
         # fit (most of what pruning and the bisection try). (A plan that recomputes
         # nothing has the measured peak without a plan: under the budget, it fits.)
         if self.budget < self.profile.baseline_peak:
-            bound = getattr(self.profile, "peak_bound", None)
-            if bound is None:
-                bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+            bound = self._bound()
             if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
                                     for i in bound.decisions})[0]:
                 return False
@@ -121,6 +121,44 @@ class _Planner:
             if best is None or (s.peak, s.cost) < (best.peak, best.cost):
                 best = s
         return best, best.peak <= front.points[0][0]
+
+    def bound_lowest(self, found):
+        """Where the whole front is too big: the bisection of the bound's least
+        value (``exact.lowest_bound``, one step at a time from the bound with
+        every value open up to ``found``'s peak, each step the DP for a budget
+        of at most ``BUDGET_STATES`` states), the plans each step finds
+        simulated (up to ``FRONT_TRIALS``), until the lowest simulated is proven
+        within ``LOWEST_TOLERANCE`` of every plan's peak (the bracket's lower
+        end), or after ``LOWEST_ROUNDS`` steps. The lowest plan found, ``found``
+        if none is lower. Once per profile (``profile.bound_lowest``: the plan
+        and the proven lower end)."""
+        cached = getattr(self.profile, "bound_lowest", None)
+        if cached is None:
+            bound = self._bound()
+            lo, hi = bound({})[0] - 1, found.peak   # (no plan's bound is below the open one)
+            best = found
+            for _ in range(LOWEST_ROUNDS):
+                if best.peak - lo <= LOWEST_TOLERANCE * best.peak:
+                    break
+                plans = []
+                step = lowest_bound(self.profile, hi, bound.decisions, BUDGET_STATES, 0,
+                                    low=lo, rounds=1, plans=plans)
+                if step == (lo, hi):
+                    break          # (the DP gave up)
+                lo, hi = step
+                for _, plan in plans[:FRONT_TRIALS]:
+                    s = self.sim(plan)
+                    if (s.peak, s.cost) < (best.peak, best.cost):
+                        best = s
+            cached = self.profile.bound_lowest = (best.recompute, lo)
+        best = self.sim(cached[0])
+        return best if (best.peak, best.cost) < (found.peak, found.cost) else found
+
+    def _bound(self):
+        bound = getattr(self.profile, "peak_bound", None)
+        if bound is None:
+            bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+        return bound
 
     def front_cheapest(self, chosen):
         """The cheapest of the front's plans whose bound fits the budget, simulated
@@ -336,7 +374,7 @@ class _Planner:
         low, exact = self.front_lowest()
         if exact:   # the lowest plan of all (no plan's peak is below its bound)
             return self.prune(low.recompute) if low.peak <= self.budget else None
-        low = self.lowest_plan(extra=(self.sim(start),))
+        low = self.bound_lowest(self.lowest_plan(extra=(self.sim(start),)))
         return low if low.peak <= self.budget else None
 
     def every(self, max_decisions) -> bool:
@@ -505,7 +543,7 @@ def lowest(profile, simulations=None):
     else:
         low, exact = planner.front_lowest()
         if not exact:
-            found = planner.lowest_plan()
+            found = planner.bound_lowest(planner.lowest_plan())
             if low is None or (found.peak, found.cost) < (low.peak, low.cost):
                 low = found
     return low, time.perf_counter() - start
