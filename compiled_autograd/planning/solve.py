@@ -43,7 +43,7 @@ import time
 
 import networkx as nx
 
-from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front, lowest_bound
+from compiled_autograd.planning.exact import KEEP, RECOMPUTE, _Bound, bound_front
 from compiled_autograd.planning.simulate import needed_values, simulate
 
 
@@ -66,7 +66,7 @@ BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one
 BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 LOWEST_ROUNDS = 8       # where the front is too big, steps of the bisection of the
-LOWEST_TOLERANCE = 0.01   # bound's least value (exact.lowest_bound): until this close
+LOWEST_TOLERANCE = 0.02   # bound's least value (exact.lowest_bound): until this close
 
 
 class _Planner:
@@ -129,30 +129,35 @@ class _Planner:
         of at most ``BUDGET_STATES`` states), the plans each step finds
         simulated (up to ``FRONT_TRIALS``), until the lowest simulated is proven
         within ``LOWEST_TOLERANCE`` of every plan's peak (the bracket's lower
-        end), or after ``LOWEST_ROUNDS`` steps. The lowest plan found, ``found``
-        if none is lower. Once per profile (``profile.bound_lowest``: the plan
-        and the proven lower end)."""
+        end), or after ``LOWEST_ROUNDS`` steps. (the lowest plan found, ``found``
+        if none is lower; the proven lower end: every plan's peak is above it).
+        Once per profile (``profile.bound_lowest``)."""
         cached = getattr(self.profile, "bound_lowest", None)
         if cached is None:
             bound = self._bound()
             lo, hi = bound({})[0] - 1, found.peak   # (no plan's bound is below the open one)
             best = found
             for _ in range(LOWEST_ROUNDS):
-                if best.peak - lo <= LOWEST_TOLERANCE * best.peak:
+                if best.peak - lo <= LOWEST_TOLERANCE * best.peak or hi - lo < 2:
                     break
-                plans = []
-                step = lowest_bound(self.profile, hi, bound.decisions, BUDGET_STATES, 0,
-                                    low=lo, rounds=1, plans=plans)
-                if step == (lo, hi):
-                    break          # (the DP gave up)
-                lo, hi = step
-                for _, plan in plans[:FRONT_TRIALS]:
-                    s = self.sim(plan)
-                    if (s.peak, s.cost) < (best.peak, best.cost):
-                        best = s
+                mid = (lo + hi) // 2
+                step = bound_front(self.profile, bound.decisions, BUDGET_STATES, budget=mid,
+                                   feasible_only=True)
+                if not step.complete:
+                    hi = mid       # (too many states there: look lower, where fewer are)
+                elif not step.points:
+                    lo = mid       # no plan's bound fits: every plan's peak is above
+                else:
+                    plans = sorted(((p, plan) for p, _, plan in step.points),
+                                   key=lambda x: x[0])
+                    hi = plans[0][0]
+                    for _, plan in plans[:FRONT_TRIALS]:
+                        s = self.sim(plan)
+                        if (s.peak, s.cost) < (best.peak, best.cost):
+                            best = s
             cached = self.profile.bound_lowest = (best.recompute, lo)
         best = self.sim(cached[0])
-        return best if (best.peak, best.cost) < (found.peak, found.cost) else found
+        return (best if (best.peak, best.cost) < (found.peak, found.cost) else found), cached[1]
 
     def _bound(self):
         bound = getattr(self.profile, "peak_bound", None)
@@ -366,16 +371,40 @@ class _Planner:
 
     def repair(self, start):
         """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
-        that fits among every plan; past them, the lowest plan found
-        (``lowest_plan``, from the lowest prefix too), pruned if it fits; else
-        None."""
+        that fits among every plan; past them, the first of the plans whose bound
+        fits the budget (the bound's DP for the budget) that fits when simulated
+        (up to ``FRONT_TRIALS``), else the lowest plan found (``lowest_found``,
+        from the lowest prefix too) if it fits; else None. (When no plan's bound
+        fits -- every value open, or the DP for the budget finishing with none --
+        no plan fits: the lowest plan is still sought, the smallest peak seen.)"""
         if self.every(EXACT_DECISIONS):
             return self.best(self.simulations.values())
         low, exact = self.front_lowest()
         if exact:   # the lowest plan of all (no plan's peak is below its bound)
             return self.prune(low.recompute) if low.peak <= self.budget else None
-        low = self.bound_lowest(self.lowest_plan(extra=(self.sim(start),)))
+        bound = self._bound()
+        if self.budget >= bound({})[0]:
+            found = bound_front(self.profile, bound.decisions, BUDGET_STATES,
+                                budget=self.budget, feasible_only=True)
+            for _, _, plan in sorted(found.points, key=lambda x: x[0])[:FRONT_TRIALS]:
+                s = self.sim(plan)
+                if s.peak <= self.budget:
+                    return s
+        low = self.lowest_found(extra=(self.sim(start),))
         return low if low.peak <= self.budget else None
+
+    def lowest_found(self, extra=()):
+        """Where the front is too big or not exact: the bisection of the bound's
+        least value (``bound_lowest``) from the lowest plan simulated so far, and
+        the descent (``lowest_plan``, from ``extra`` too) unless the bisection
+        proved its plan within ``LOWEST_TOLERANCE`` of the lowest."""
+        done = self.simulations.values()
+        seed = min(done, key=lambda s: (s.peak, s.cost)) if done else \
+            self.sim(self.decisions())
+        found, proven = self.bound_lowest(seed)
+        if found.peak - proven > LOWEST_TOLERANCE * found.peak:
+            found = min(found, self.lowest_plan(extra=extra), key=lambda s: (s.peak, s.cost))
+        return found
 
     def every(self, max_decisions) -> bool:
         """Simulate every plan (each subset of the decisions), if there are at most
@@ -543,7 +572,7 @@ def lowest(profile, simulations=None):
     else:
         low, exact = planner.front_lowest()
         if not exact:
-            found = planner.bound_lowest(planner.lowest_plan())
+            found = planner.lowest_found()
             if low is None or (found.peak, found.cost) < (low.peak, low.cost):
                 low = found
     return low, time.perf_counter() - start
