@@ -24,16 +24,20 @@ bytes that every plan below the branch must hold there:
 - a saved value decided kept: its storage (once per storage, if the forward freed
   it: else it is in the first item already) from the backward's start to its last
   reader; and in the forward from when the recording run freed it;
-- a saved value decided recomputed: its own bytes from where the first of the
-  recomputed values that need it is emitted (its own first reader, or earlier: a
-  recomputed value's inputs are emitted with it) to its last reader;
-- a saved value not decided yet: the smaller of the two, from the first reader it
-  is swapped in for to its last.
+- a value decided recomputed (saved or not): its own bytes (none for a view
+  prim) from where the first of the recomputed values that need it is emitted
+  (its own first reader, or earlier: a recomputed value's inputs are emitted
+  with it) to the latest of its own last reader (if saved), the emission of
+  each recomputed value that reads it, and -- a recomputed view of it keeping
+  its storage -- the end of each recomputed view of it;
+- a saved value not decided yet: the smaller of keeping and recomputing, from
+  the first reader it is swapped in for to its last.
 
-Recomputation's other costs (a value read only by recomputation, a chain's
-values live together while it runs, a recomputed view's base) are not counted:
-the bound is lower, never higher, than the simulated peak
-(``tests/test_memory_plan_exact.py`` checks it on random plans).
+Recomputation's other costs (a chain's values live together while it runs, at
+steps that only some plans have; a kept value read only by recomputation past
+that recomputation's emission, through a view) are not counted: the bound is
+lower, never higher, than the simulated peak (``tests/test_memory_plan_exact.py``
+checks it on random plans).
 """
 from __future__ import annotations
 

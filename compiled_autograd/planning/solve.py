@@ -25,9 +25,13 @@ The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and wh
 values a plan keeps or recomputes) every plan is simulated, so it is exact; past
 them, the lowest plans of a lower bound's exact Pareto front
 (``exact.bound_front``, where its DP stays within ``FRONT_STATES`` states): exact
-when the lowest simulates to its bound; else a descent from the greedy prefixes,
-the prim families and recomputing everything, by flips and swaps of recomputed
-and of kept values (``_Planner.lowest_plan``). Where the front is known, the
+when the lowest simulates to its bound; else the plans that a bisection of the
+bound's least value finds (each step the bound's DP for one budget, asking only
+whether any plan's bound fits: ``_Planner.bound_lowest``) and a descent from
+the greedy prefixes, the prim families and recomputing everything, by flips and
+swaps of recomputed and of kept values (``_Planner.lowest_plan``). When no prefix
+fits a budget, the plans whose bound fits it (the DP for that budget) are
+simulated first (``_Planner.repair``). Where the front is known, the
 knapsack's plan is replaced by the cheapest of the front's plans that fits, if
 cheaper; where it is too big, up to ``BUDGET_DECISIONS`` decisions, by the
 cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``).
@@ -66,7 +70,7 @@ BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one
 BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
 LOWEST_ROUNDS = 8       # where the front is too big, steps of the bisection of the
-LOWEST_TOLERANCE = 0.02   # bound's least value (exact.lowest_bound): until this close
+LOWEST_TOLERANCE = 0.01   # bound's least value (bound_lowest): until proven this close
 
 
 class _Planner:
@@ -123,15 +127,13 @@ class _Planner:
         return best, best.peak <= front.points[0][0]
 
     def bound_lowest(self, found):
-        """Where the whole front is too big: the bisection of the bound's least
-        value (``exact.lowest_bound``, one step at a time from the bound with
-        every value open up to ``found``'s peak, each step the DP for a budget
-        of at most ``BUDGET_STATES`` states), the plans each step finds
-        simulated (up to ``FRONT_TRIALS``), until the lowest simulated is proven
-        within ``LOWEST_TOLERANCE`` of every plan's peak (the bracket's lower
-        end), or after ``LOWEST_ROUNDS`` steps. (the lowest plan found, ``found``
-        if none is lower; the proven lower end: every plan's peak is above it).
-        Once per profile (``profile.bound_lowest``)."""
+        """(the lowest of ``found`` and the plans that a bisection of the bound's
+        least value finds, simulated (up to ``FRONT_TRIALS`` a step), the proven
+        lower end: every plan's peak is above it). From the bound with every
+        value open to ``found``'s peak, each step the DP for a budget (up to
+        ``BUDGET_STATES`` states: past them, the step looks lower), until the
+        plan is proven within ``LOWEST_TOLERANCE``, at most ``LOWEST_ROUNDS``
+        steps. Once per profile (``profile.bound_lowest``)."""
         cached = getattr(self.profile, "bound_lowest", None)
         if cached is None:
             bound = self._bound()
@@ -375,8 +377,7 @@ class _Planner:
         fits the budget (the bound's DP for the budget) that fits when simulated
         (up to ``FRONT_TRIALS``), else the lowest plan found (``lowest_found``,
         from the lowest prefix too) if it fits; else None. (When no plan's bound
-        fits -- every value open, or the DP for the budget finishing with none --
-        no plan fits: the lowest plan is still sought, the smallest peak seen.)"""
+        fits, no plan does: the lowest is still sought, the smallest peak seen.)"""
         if self.every(EXACT_DECISIONS):
             return self.best(self.simulations.values())
         low, exact = self.front_lowest()
@@ -394,17 +395,14 @@ class _Planner:
         return low if low.peak <= self.budget else None
 
     def lowest_found(self, extra=()):
-        """Where the front is too big or not exact: the bisection of the bound's
-        least value (``bound_lowest``) from the lowest plan simulated so far, and
-        the descent (``lowest_plan``, from ``extra`` too) unless the bisection
-        proved its plan within ``LOWEST_TOLERANCE`` of the lowest."""
+        """Where the front is too big or not exact: the lower of the bisection's
+        plan (``bound_lowest``, from the lowest plan simulated so far) and the
+        descent's (``lowest_plan``, from ``extra`` too)."""
         done = self.simulations.values()
         seed = min(done, key=lambda s: (s.peak, s.cost)) if done else \
             self.sim(self.decisions())
-        found, proven = self.bound_lowest(seed)
-        if found.peak - proven > LOWEST_TOLERANCE * found.peak:
-            found = min(found, self.lowest_plan(extra=extra), key=lambda s: (s.peak, s.cost))
-        return found
+        found, _ = self.bound_lowest(seed)
+        return min(found, self.lowest_plan(extra=extra), key=lambda s: (s.peak, s.cost))
 
     def every(self, max_decisions) -> bool:
         """Simulate every plan (each subset of the decisions), if there are at most
@@ -563,7 +561,8 @@ def every_plan(profile, max_decisions=EXACT_DECISIONS):
 def lowest(profile, simulations=None):
     """(the simulation of the lowest plan, seconds), the same whatever the
     budget: exact (every plan simulated) up to ``EXACT_DECISIONS`` decisions, else
-    the lowest the search finds (``_Planner.lowest_plan``). ``simulations``: plans
+    the front's (exact where it simulates to its bound), else the lowest the
+    searches find (``_Planner.lowest_found``). ``simulations``: plans
     of ``profile`` simulated before (a dict that ``solve`` filled)."""
     start = time.perf_counter()
     planner = _Planner(profile, -1, simulations)
