@@ -69,8 +69,8 @@ FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per quest
 BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one budget
 BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
-LOWEST_ROUNDS = 8       # where the front is too big, steps of the bisection of the
-LOWEST_TOLERANCE = 0.01   # bound's least value (bound_lowest): until proven this close
+LOWEST_ROUNDS = 4       # where the front is too big, steps of the search of the
+LOWEST_TOLERANCE = 0.02   # bound's least value (bound_lowest): until proven this close
 
 
 class _Planner:
@@ -127,13 +127,13 @@ class _Planner:
         return best, best.peak <= front.points[0][0]
 
     def bound_lowest(self, found):
-        """(the lowest of ``found`` and the plans that a bisection of the bound's
-        least value finds, simulated (up to ``FRONT_TRIALS`` a step), the proven
-        lower end: every plan's peak is above it). From the bound with every
-        value open to ``found``'s peak, each step the DP for a budget (up to
-        ``BUDGET_STATES`` states: past them, the step looks lower), until the
-        plan is proven within ``LOWEST_TOLERANCE``, at most ``LOWEST_ROUNDS``
-        steps. Once per profile (``profile.bound_lowest``)."""
+        """(the lowest of ``found`` and the plans that a search of the bound's
+        least value finds, simulated (``FRONT_TRIALS`` a step), the proven lower
+        end: every plan's peak is above it). Between the bound with every value
+        open and ``found``'s peak, each step the DP for a budget (up to
+        ``BUDGET_STATES`` states, else it looks lower) ``LOWEST_TOLERANCE`` below
+        the best plan's peak, else halfway, until that plan is proven within it,
+        at most ``LOWEST_ROUNDS`` steps. Once per profile (``bound_lowest``)."""
         cached = getattr(self.profile, "bound_lowest", None)
         if cached is None:
             bound = self._bound()
@@ -142,7 +142,9 @@ class _Planner:
             for _ in range(LOWEST_ROUNDS):
                 if best.peak - lo <= LOWEST_TOLERANCE * best.peak or hi - lo < 2:
                     break
-                mid = (lo + hi) // 2
+                mid = int(best.peak * (1 - LOWEST_TOLERANCE))   # (none there: proven)
+                if not lo < mid < hi:
+                    mid = (lo + hi) // 2
                 step = bound_front(self.profile, bound.decisions, BUDGET_STATES, budget=mid,
                                    feasible_only=True)
                 if not step.complete:
@@ -150,8 +152,7 @@ class _Planner:
                 elif not step.points:
                     lo = mid       # no plan's bound fits: every plan's peak is above
                 else:
-                    plans = sorted(((p, plan) for p, _, plan in step.points),
-                                   key=lambda x: x[0])
+                    plans = sorted(((p, q) for p, _, q in step.points), key=lambda x: x[0])
                     hi = plans[0][0]
                     for _, plan in plans[:FRONT_TRIALS]:
                         s = self.sim(plan)
@@ -376,33 +377,35 @@ class _Planner:
         that fits among every plan; past them, the first of the plans whose bound
         fits the budget (the bound's DP for the budget) that fits when simulated
         (up to ``FRONT_TRIALS``), else the lowest plan found (``lowest_found``,
-        from the lowest prefix too) if it fits; else None. (When no plan's bound
-        fits, no plan does: the lowest is still sought, the smallest peak seen.)"""
+        from the lowest prefix too) if it fits; else None -- at once when no
+        plan's bound fits (no plan does: ``lowest`` finds the smallest peak)."""
         if self.every(EXACT_DECISIONS):
             return self.best(self.simulations.values())
         low, exact = self.front_lowest()
         if exact:   # the lowest plan of all (no plan's peak is below its bound)
             return self.prune(low.recompute) if low.peak <= self.budget else None
         bound = self._bound()
-        if self.budget >= bound({})[0]:
-            found = bound_front(self.profile, bound.decisions, BUDGET_STATES,
-                                budget=self.budget, feasible_only=True)
-            for _, _, plan in sorted(found.points, key=lambda x: x[0])[:FRONT_TRIALS]:
-                s = self.sim(plan)
-                if s.peak <= self.budget:
-                    return s
+        if self.budget < bound({})[0]:
+            return None
+        found = bound_front(self.profile, bound.decisions, BUDGET_STATES,
+                            budget=self.budget, feasible_only=True)
+        if found.complete and not found.points:
+            return None
+        for _, _, plan in sorted(found.points, key=lambda x: x[0])[:FRONT_TRIALS]:
+            s = self.sim(plan)
+            if s.peak <= self.budget:
+                return s
         low = self.lowest_found(extra=(self.sim(start),))
         return low if low.peak <= self.budget else None
 
     def lowest_found(self, extra=()):
-        """Where the front is too big or not exact: the lower of the bisection's
-        plan (``bound_lowest``, from the lowest plan simulated so far) and the
-        descent's (``lowest_plan``, from ``extra`` too)."""
-        done = self.simulations.values()
-        seed = min(done, key=lambda s: (s.peak, s.cost)) if done else \
-            self.sim(self.decisions())
+        """Where the front is too big or not exact: the lower of the descent's
+        plan (``lowest_plan``, from ``extra`` too) and the bisection's
+        (``bound_lowest``, from the lowest plan simulated by then)."""
+        low = self.lowest_plan(extra=extra)
+        seed = min(self.simulations.values(), key=lambda s: (s.peak, s.cost))
         found, _ = self.bound_lowest(seed)
-        return min(found, self.lowest_plan(extra=extra), key=lambda s: (s.peak, s.cost))
+        return min(found, low, key=lambda s: (s.peak, s.cost))
 
     def every(self, max_decisions) -> bool:
         """Simulate every plan (each subset of the decisions), if there are at most
