@@ -142,7 +142,7 @@ class _Planner:
             for _ in range(LOWEST_ROUNDS):
                 if best.peak - lo <= LOWEST_TOLERANCE * best.peak or hi - lo < 2:
                     break
-                mid = int(best.peak * (1 - LOWEST_TOLERANCE))   # (none there: proven)
+                mid = best.peak - int(best.peak * LOWEST_TOLERANCE)   # (none there: proven)
                 if not lo < mid < hi:
                     mid = (lo + hi) // 2
                 step = bound_front(self.profile, bound.decisions, BUDGET_STATES, budget=mid,
