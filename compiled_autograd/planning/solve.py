@@ -25,7 +25,7 @@ The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and wh
 values a plan keeps or recomputes) every plan is simulated, so it is exact; past
 them, the lowest plans of a lower bound's exact Pareto front
 (``exact.bound_front``, where its DP stays within ``FRONT_STATES`` states): exact
-when the lowest simulates to its bound; else the plans that a bisection of the
+when the lowest simulates to its bound; else the plans that a search of the
 bound's least value finds (each step the bound's DP for one budget, asking only
 whether any plan's bound fits: ``_Planner.bound_lowest``) and a descent from
 the greedy prefixes, the prim families and recomputing everything, by flips and
