@@ -15,11 +15,15 @@ fits: every plan simulated, or the bound's DP for that budget (``bound_front``
 with the budget, for plans cheaper than the knapsack's): exact when it finds none
 (the knapsack's plan is the cheapest) or its plan's simulated peak fits; else its
 cost is only a lower bound of the cheapest (the ratio marked "<="); "-" where the
-DP gave up. Where the whole front is out of reach, the bound's least value is
+DP gave up (the DP for one budget may hold up to ``BUDGET_STATES`` states at
+one decision). Where the whole front is out of reach, the bound's least value is
 bracketed by bisection (``lowest_bound``: the DP for a budget, asking only
 whether any plan's bound fits): "bound" is then its proven lower end, and
 "/bound" the planner's lowest over it, at most the planner's distance from the
-exact lowest. Predictions
+exact lowest -- unless the DP for a budget one byte below the lowest plan found
+(the planner's, or one of the bisection's, simulated) finds no plan whose bound
+fits: that plan's peak is then the exact lowest (and the bound's least value).
+Predictions
 only (the "python" backend's schedule, the measured peak to the byte:
 tests/test_memory_plan.py); nothing here is timed but the searches.
 
@@ -43,6 +47,7 @@ from compiled_autograd.planning.solve import _Planner, every_plan, lowest, solve
 EXACT_MAX = 12    # decisions: 2 ** 12 subsets at most
 BUDGETS = 8       # budgets per model, from the exact lowest peak to 1.0
 DP_STATES = 30_000   # the bound's DP gives up past this many states at one decision
+BUDGET_STATES = 120_000   # (the DP for one budget's cheapest plan: past this many)
 
 MODELS = [
     ("mlp", dict(layers=3, width=256, batch=256, activation="gelu")),
@@ -103,7 +108,15 @@ def main():
             if simulate(profile, plan).peak == bound:
                 exact = bound
         else:
-            bound, _ = lowest_bound(profile, found.peak, state_limit=DP_STATES)
+            seen = []
+            bound, _ = lowest_bound(profile, found.peak, state_limit=DP_STATES, plans=seen)
+            # exact where no plan's bound is below the lowest plan's simulated
+            # peak: that is then the bound's least value too
+            low = min([found.peak] + [simulate(profile, p).peak for _, p in seen[:4]])
+            none = bound_front(profile, state_limit=DP_STATES, budget=low - 1,
+                               feasible_only=True)
+            if none.complete and not none.points:
+                bound = exact = low
         if plans is not None:
             exact = min(s.peak for s in plans.values())
         def f(x, width):
@@ -128,7 +141,7 @@ def main():
             if plans is not None:
                 cheapest, is_exact = min(s.cost for s in plans.values() if s.peak <= budget), True
             else:
-                cheaper = bound_front(profile, state_limit=DP_STATES, budget=budget,
+                cheaper = bound_front(profile, state_limit=BUDGET_STATES, budget=budget,
                                       cost_limit=chosen.cost)
                 if not cheaper.complete:
                     unknown.append(fraction)
@@ -161,9 +174,10 @@ def main():
         gave = " ".join(f"{x:.3f}" for x in unknown) or "-"
         print(f"{label:<56}{by:>12}{cells}  {gave}")
     for label, front in gave_up:
-        print(f"\n{label}: the bound's DP gave up at decision {front.decided} of "
+        print(f"\n{label}: the bound's whole front gave up at decision {front.decided} of "
               f"{front.decisions}, {front.states:,} states at one decision (the limit "
-              f"{DP_STATES:,}), after {front.seconds:.1f} s")
+              f"{DP_STATES:,}), after {front.seconds:.1f} s; the DP for one budget's "
+              f"cheapest plan gives up past {BUDGET_STATES:,}")
 
 
 if __name__ == "__main__":

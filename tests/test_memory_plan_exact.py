@@ -221,3 +221,69 @@ def test_the_plan_graphs_kept_nodes_are_the_planners_own():
     reads = [n for n in graph.nodes if "kept_version" in n.meta]
     assert reads, "the traced reads of the kept arrays are in the plan's graph"
     assert not any("kept" in n.meta for n in reads)
+
+
+# ---------------------------------------------------------------- the transformers
+
+# The models of benchmarks/planner.py, and a 2-layer one between them.
+BENCH_TRANSFORMER = dict(layers=1, d_model=128, heads=4, seq=64, batch=8)
+TWO_LAYERS = dict(layers=2, d_model=128, heads=4, seq=64, batch=8)
+
+
+def test_on_a_deeper_transformer_the_bound_stays_below_every_plans_peak_and_is_reached():
+    # The bound counts a recomputed value (saved or not) until its last
+    # recomputed reader is emitted, and a recomputed view's base as long as the
+    # view: on random plans of a 2-layer transformer it is still never above the
+    # simulated peak, and it is reached by most (the recomputed attention
+    # projections' views keep their base alive: left out, the bound of the
+    # 4-layer transformer's lowest plan was 0.298 of the peak without a plan,
+    # where it simulates to 0.347).
+    profile = _profile("transformer", TWO_LAYERS)
+    decisions = _Planner(profile, -1).decisions()
+    bound = _Bound(profile, decisions)
+    rng = random.Random(1)
+    tight = 0
+    for _ in range(40):
+        share = rng.random()
+        choice = {i: RECOMPUTE if rng.random() < share else KEEP for i in decisions}
+        low, cost, _ = bound(choice)
+        s = simulate(profile, frozenset(i for i, c in choice.items() if c == RECOMPUTE))
+        assert low <= s.peak, (low, s.peak)
+        tight += low == s.peak
+    assert tight >= 30
+    # recomputing everything: its bound is its simulated peak (before: 0.870 of
+    # the peak without a plan, where it simulates to 1.0)
+    every = {i: RECOMPUTE for i in decisions}
+    assert bound(every)[0] == simulate(profile, frozenset(decisions)).peak
+    assert bound({})[0] <= min(bound(c)[0] for c in ({i: KEEP for i in decisions}, every))
+
+
+def test_on_a_two_layer_transformer_the_lowest_peak_is_proven_within_two_percent():
+    # Item 13: the planner stopped at 0.444 of the peak without a plan, and the
+    # bound proved no plan below 0.414 (7.3%). Now the planner reaches 0.430 (its
+    # bisection of the bound's least value, asking the DP one budget at a time,
+    # finds the plan) and no plan's bound is below it: it is the exact lowest.
+    profile = _profile("transformer", TWO_LAYERS)
+    found, _ = lowest(profile)
+    lo, hi = lowest_bound(profile, found.peak, state_limit=30_000)
+    assert found.peak <= 1.02 * lo, (found.peak / lo)
+    none = bound_front(profile, state_limit=30_000, budget=found.peak - 1, feasible_only=True)
+    assert none.complete and not none.points
+
+
+def test_on_the_benchmarks_transformer_the_planner_is_the_cheapest_at_the_lowest_peak():
+    # Item 13: at the lowest budget (0.563 of the peak without a plan) the
+    # cheapest plan whose bound fits did not fit when simulated (the bound left
+    # out a recomputed view's base): the knapsack's plan was only known to cost
+    # at most 1.269x a lower bound of the cheapest. Now that plan fits: it is the
+    # cheapest plan that fits, and the knapsack's is within 10% of it.
+    profile = _profile("transformer", BENCH_TRANSFORMER)
+    low, _ = lowest(profile)
+    found = bound_front(profile, budget=low.peak)
+    assert found.complete and found.points
+    _, cost, plan = found.points[0]
+    cheapest = simulate(profile, plan)
+    assert cheapest.peak <= low.peak and cheapest.cost == pytest.approx(cost, abs=1e-15)
+    chosen, _, _, _ = solve(profile, low.peak)
+    assert chosen is not None and chosen.peak <= low.peak
+    assert chosen.cost <= 1.10 * cheapest.cost + 1e-12, chosen.cost / cheapest.cost

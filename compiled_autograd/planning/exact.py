@@ -24,16 +24,20 @@ bytes that every plan below the branch must hold there:
 - a saved value decided kept: its storage (once per storage, if the forward freed
   it: else it is in the first item already) from the backward's start to its last
   reader; and in the forward from when the recording run freed it;
-- a saved value decided recomputed: its own bytes from where the first of the
-  recomputed values that need it is emitted (its own first reader, or earlier: a
-  recomputed value's inputs are emitted with it) to its last reader;
-- a saved value not decided yet: the smaller of the two, from the first reader it
-  is swapped in for to its last.
+- a value decided recomputed (saved or not): its own bytes (none for a view
+  prim) from where the first of the recomputed values that need it is emitted
+  (its own first reader, or earlier: a recomputed value's inputs are emitted
+  with it) to the latest of its own last reader (if saved), the emission of
+  each recomputed value that reads it, and -- a recomputed view of it keeping
+  its storage -- the end of each recomputed view of it;
+- a saved value not decided yet: the smaller of keeping and recomputing, from
+  the first reader it is swapped in for to its last.
 
-Recomputation's other costs (a value read only by recomputation, a chain's
-values live together while it runs, a recomputed view's base) are not counted:
-the bound is lower, never higher, than the simulated peak
-(``tests/test_memory_plan_exact.py`` checks it on random plans).
+Recomputation's other costs (a chain's values live together while it runs, at
+steps that only some plans have; a kept value read only by recomputation past
+that recomputation's emission, through a view) are not counted: the bound is
+lower, never higher, than the simulated peak (``tests/test_memory_plan_exact.py``
+checks it on random plans).
 """
 from __future__ import annotations
 
@@ -104,6 +108,27 @@ class _Bound:
         # counts it, even where the forward's call had to copy)
         self.made = {i: 0 if PRIMS[values[i].prim].view else values[i].nbytes
                      for i in self.decisions}
+        # a view prim's base (its first array input, when a value): a recomputed
+        # base's storage lives as long as any recomputed view of it
+        self.view_base = {}
+        for i in self.decisions:
+            if PRIMS[values[i].prim].view:
+                a = next((a for a in values[i].inputs if type(a) is tuple and a
+                          and a[0] in ("value", "kept")), None)
+                if a is not None and a[0] == "value":
+                    self.view_base[i] = a[1]
+
+    def end_of(self, i, reach, end_so_far) -> int:
+        """The last backward step (of those every plan has) a recomputed value ``i``
+        is alive at, at least: its own last reader if saved, and what its
+        recomputed readers, decided before it, left in ``end_so_far``."""
+        return max(end_so_far, self.last[i] if i in self.saved else -1)
+
+    def reader_end(self, i, j, reach_i, end_i) -> int:
+        """What a recomputed reader ``i`` (emitted before step ``reach_i``, alive
+        to ``end_i``) makes its input ``j`` live to, if ``j`` is recomputed: up to
+        ``i``'s emission, and as long as ``i`` if ``i`` is a view of ``j``."""
+        return max(reach_i - 1, end_i if self.view_base.get(i) == j else -1)
 
     def kept_bytes(self, i) -> int:
         s = self.values[i].storage
@@ -145,17 +170,26 @@ class _Bound:
         for s, end in storages.items():
             delta[0] += values[s].nbytes
             delta[end + 1] -= values[s].nbytes
-        for i in needed:
-            if i not in self.saved:
+        # a recomputed value lives from its emission to its last reader's
+        # emission (or the last reader of a recomputed view of it), at least
+        ends = {}
+        for i in self.decisions:     # readers before what they read
+            if i not in needed or choice.get(i, OPEN) != RECOMPUTE:
                 continue
+            e = ends[i] = self.end_of(i, reach[i], ends.get(i, -1))
+            for j in self.inputs[i]:
+                ends[j] = max(ends.get(j, -1), self.reader_end(i, j, reach[i], e))
+        for i in needed:
             c = choice.get(i, OPEN)
+            if i not in self.saved and c != RECOMPUTE:
+                continue
             if c == KEEP and i not in self.tied:
                 continue
             own = self.made[i]
             if c != RECOMPUTE:   # open (or tied): the smaller of keeping and recomputing
                 own = min(own, 0 if values[i].storage in counted else self.kept_bytes(i))
             if own:
-                lo, hi = reach[i], self.last[i]
+                lo, hi = reach[i], ends[i] if c == RECOMPUTE else self.last[i]
                 if lo <= hi:
                     delta[lo] += own
                     delta[hi + 1] -= own
@@ -321,14 +355,24 @@ def _future_bytes(b, order, n, t) -> list:
     values, total = b.values, n + t
     out = [None] * len(order)
     acc = np.zeros(total, dtype=np.int64)
+    # the latest a value may be emitted before, and live to, if recomputed
+    latest, end = {}, {}
+    for i in order:            # readers before what they read
+        latest[i] = max(latest.get(i, 0), b.first[i] if i in b.saved else 0)
+        end[i] = b.end_of(i, latest[i], end.get(i, -1))
+        for j in b.inputs[i]:
+            latest[j] = max(latest.get(j, 0), latest[i])
+            end[j] = max(end.get(j, -1), b.reader_end(i, j, latest[i], end[i]))
     for d in range(len(order) - 1, -1, -1):
         out[d] = acc.copy()
         j = order[d]
         kb = b.kept_bytes(j)
-        if j in b.saved:
-            acc[:b.last[j] + 1] += max(b.made[j], kb)
-        elif kb:
-            acc[:n] += kb
+        hi = min(end[j], n - 1) + 1
+        acc[:hi] += max(b.made[j], kb)
+        if j not in b.saved and kb:
+            acc[hi:n] += kb
+        elif j in b.saved and b.last[j] + 1 > hi:
+            acc[hi:b.last[j] + 1] += kb
         if kb:
             acc[n + values[values[j].storage].freed_at:] += kb
     return out
@@ -380,7 +424,7 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
     future = _future_bytes(b, order, n, t) if budget is not None else None
     if budget is not None and int(base.max()) > budget:
         return Front([], 1, time.perf_counter() - start, len(order), len(order))
-    # (frontier: value -> reach, groups: storage -> last step) -> [(key, cost, P, plan)]
+    # (frontier: value -> (reach, end), groups: storage -> last step) -> [(key, cost, P, plan)]
     level = {((), ()): [(None, 0.0, base.copy(), frozenset())]}
     most = 1
     for d, i in enumerate(order):
@@ -396,8 +440,8 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
         for (frontier_items, group_items), states in level.items():
             frontier, groups = dict(frontier_items), dict(group_items)
             needed = i in saved or i in frontier
-            reach = min(frontier.get(i, n), first[i] if i in saved else n)
-            frontier.pop(i, None)
+            reach_i, end_i = frontier.pop(i, (n, -1))
+            reach = min(reach_i, first[i] if i in saved else n)
             options = (KEEP, RECOMPUTE) if needed else (KEEP,)
             for c in options:
                 f2, g2 = dict(frontier), dict(groups)
@@ -405,10 +449,12 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                 extra = 0.0
                 if c == RECOMPUTE:
                     extra = values[i].cost
-                    if i in saved and b.made[i]:
-                        add.append((reach, last[i], b.made[i]))
+                    e = b.end_of(i, reach, end_i)
+                    if b.made[i]:
+                        add.append((reach, e, b.made[i]))
                     for j in b.inputs[i]:
-                        f2[j] = min(f2.get(j, reach), reach)
+                        r_j, e_j = f2.get(j, (reach, -1))
+                        f2[j] = (min(r_j, reach), max(e_j, b.reader_end(i, j, reach, e)))
                 elif needed and i not in tied:
                     if kb[i]:   # (not saved: read by a recomputation emitted before reach)
                         s = values[i].storage
@@ -419,7 +465,8 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                     if own:
                         add.append((reach, last[i], own))
                 done = [s for s in g2 if s >= i]   # owners decided: their storage is final
-                points = set(rest_points) | set(f2.values()) | \
+                points = set(rest_points) | {r for r, _ in f2.values()} | \
+                    {e + 1 for _, e in f2.values()} | \
                     {e + 1 for s, e in g2.items() if s < i} | \
                     {n + values[s].freed_at for s in g2 if s < i}
                 cut = np.array(sorted(p for p in points if p < n + t))
@@ -477,22 +524,30 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
     return Front(front, most, time.perf_counter() - start, len(order), len(order))
 
 
-def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3):
+def lowest_bound(profile, high, decisions=None, state_limit=STATE_LIMIT, tolerance=1e-3,
+                 low=0, rounds=None, plans=None):
     """(lo, hi): the least bound of any plan lies in (lo, hi], so every plan's
     simulated peak is above ``lo`` -- by bisection on a budget, each step the
     bound's DP for that budget asking only whether any plan's bound fits
     (``bound_front(..., feasible_only=True)``), until ``hi - lo`` is at most
-    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's).
-    Where the DP gives up (over ``state_limit`` states), the bracket found so far
-    is returned, and ``lo`` is still proven."""
-    lo, hi = 0, int(high)
-    while hi - lo > tolerance * hi:
+    ``tolerance * hi``. ``high``: a peak some plan reaches (the planner's);
+    ``low``: a peak no plan's bound is at or below (0; or the bound of the
+    empty assignment, every value open, less one). Where the DP gives up (over
+    ``state_limit`` states), or after ``rounds`` steps, the bracket found so far
+    is returned, and ``lo`` is still proven. ``plans``: a list that receives
+    (bound, recompute set) of the plans each step found, the lowest first."""
+    lo, hi = int(low), int(high)
+    while hi - lo > tolerance * hi and (rounds is None or rounds > 0):
+        rounds = None if rounds is None else rounds - 1
         mid = (lo + hi) // 2
         found = bound_front(profile, decisions, state_limit, budget=mid, feasible_only=True)
         if not found.complete:
             break
         if found.points:
             hi = min(p for p, _, _ in found.points)
+            if plans is not None:
+                plans[:0] = sorted(((p, plan) for p, _, plan in found.points),
+                                   key=lambda x: x[0])
         else:
             lo = mid
     return lo, hi

@@ -25,9 +25,13 @@ The lowest peak (``lowest``; the knapsack's fallback when no prefix fits, and wh
 values a plan keeps or recomputes) every plan is simulated, so it is exact; past
 them, the lowest plans of a lower bound's exact Pareto front
 (``exact.bound_front``, where its DP stays within ``FRONT_STATES`` states): exact
-when the lowest simulates to its bound; else a descent from the greedy prefixes,
-the prim families and recomputing everything, by flips and swaps of recomputed
-and of kept values (``_Planner.lowest_plan``). Where the front is known, the
+when the lowest simulates to its bound; else the plans that a search of the
+bound's least value finds (each step the bound's DP for one budget, asking only
+whether any plan's bound fits: ``_Planner.bound_lowest``) and a descent from
+the greedy prefixes, the prim families and recomputing everything, by flips and
+swaps of recomputed and of kept values (``_Planner.lowest_plan``). When no prefix
+fits a budget, the plans whose bound fits it (the DP for that budget) are
+simulated first (``_Planner.repair``). Where the front is known, the
 knapsack's plan is replaced by the cheapest of the front's plans that fits, if
 cheaper; where it is too big, up to ``BUDGET_DECISIONS`` decisions, by the
 cheapest that the bound's DP for the budget alone finds (``_budget_cheapest``).
@@ -65,6 +69,8 @@ FRONT_TRIALS = 16     # ... and up to this many of its plans simulated per quest
 BUDGET_DECISIONS = 48  # else, up to this many decisions, the bound's DP for one budget
 BUDGET_STATES = 4_000   # (cheaper plans only), up to this many states at one decision
 BUDGET_ROUNDS = 2       # ... run at most this many times (lowered by a plan's excess)
+LOWEST_ROUNDS = 4       # where the front is too big, steps of the search of the
+LOWEST_TOLERANCE = 0.02   # bound's least value (bound_lowest): until proven this close
 
 
 class _Planner:
@@ -89,9 +95,7 @@ class _Planner:
         # fit (most of what pruning and the bisection try). (A plan that recomputes
         # nothing has the measured peak without a plan: under the budget, it fits.)
         if self.budget < self.profile.baseline_peak:
-            bound = getattr(self.profile, "peak_bound", None)
-            if bound is None:
-                bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+            bound = self._bound()
             if self.budget < bound({i: RECOMPUTE if i in recompute else KEEP
                                     for i in bound.decisions})[0]:
                 return False
@@ -121,6 +125,48 @@ class _Planner:
             if best is None or (s.peak, s.cost) < (best.peak, best.cost):
                 best = s
         return best, best.peak <= front.points[0][0]
+
+    def bound_lowest(self, found):
+        """(the lowest of ``found`` and the plans that a search of the bound's
+        least value finds, simulated (``FRONT_TRIALS`` a step), the proven lower
+        end: every plan's peak is above it). Between the bound with every value
+        open and ``found``'s peak, each step the DP for a budget (up to
+        ``BUDGET_STATES`` states, else it looks lower) ``LOWEST_TOLERANCE`` below
+        the best plan's peak, else halfway, until that plan is proven within it,
+        at most ``LOWEST_ROUNDS`` steps. Once per profile (``bound_lowest``)."""
+        cached = getattr(self.profile, "bound_lowest", None)
+        if cached is None:
+            bound = self._bound()
+            lo, hi = bound({})[0] - 1, found.peak   # (no plan's bound is below the open one)
+            best = found
+            for _ in range(LOWEST_ROUNDS):
+                if best.peak - lo <= LOWEST_TOLERANCE * best.peak or hi - lo < 2:
+                    break
+                mid = best.peak - int(best.peak * LOWEST_TOLERANCE)   # (none there: proven)
+                if not lo < mid < hi:
+                    mid = (lo + hi) // 2
+                step = bound_front(self.profile, bound.decisions, BUDGET_STATES, budget=mid,
+                                   feasible_only=True)
+                if not step.complete:
+                    hi = mid       # (too many states there: look lower, where fewer are)
+                elif not step.points:
+                    lo = mid       # no plan's bound fits: every plan's peak is above
+                else:
+                    plans = sorted(((p, q) for p, _, q in step.points), key=lambda x: x[0])
+                    hi = plans[0][0]
+                    for _, plan in plans[:FRONT_TRIALS]:
+                        s = self.sim(plan)
+                        if (s.peak, s.cost) < (best.peak, best.cost):
+                            best = s
+            cached = self.profile.bound_lowest = (best.recompute, lo)
+        best = self.sim(cached[0])
+        return (best if (best.peak, best.cost) < (found.peak, found.cost) else found), cached[1]
+
+    def _bound(self):
+        bound = getattr(self.profile, "peak_bound", None)
+        if bound is None:
+            bound = self.profile.peak_bound = _Bound(self.profile, self.decisions())
+        return bound
 
     def front_cheapest(self, chosen):
         """The cheapest of the front's plans whose bound fits the budget, simulated
@@ -328,16 +374,38 @@ class _Planner:
 
     def repair(self, start):
         """No prefix fits: up to ``EXACT_DECISIONS`` decisions, the cheapest plan
-        that fits among every plan; past them, the lowest plan found
-        (``lowest_plan``, from the lowest prefix too), pruned if it fits; else
-        None."""
+        that fits among every plan; past them, the first of the plans whose bound
+        fits the budget (the bound's DP for the budget) that fits when simulated
+        (up to ``FRONT_TRIALS``), else the lowest plan found (``lowest_found``,
+        from the lowest prefix too) if it fits; else None -- at once when no
+        plan's bound fits (no plan does: ``lowest`` finds the smallest peak)."""
         if self.every(EXACT_DECISIONS):
             return self.best(self.simulations.values())
         low, exact = self.front_lowest()
         if exact:   # the lowest plan of all (no plan's peak is below its bound)
             return self.prune(low.recompute) if low.peak <= self.budget else None
-        low = self.lowest_plan(extra=(self.sim(start),))
+        bound = self._bound()
+        if self.budget < bound({})[0]:
+            return None
+        found = bound_front(self.profile, bound.decisions, BUDGET_STATES,
+                            budget=self.budget, feasible_only=True)
+        if found.complete and not found.points:
+            return None
+        for _, _, plan in sorted(found.points, key=lambda x: x[0])[:FRONT_TRIALS]:
+            s = self.sim(plan)
+            if s.peak <= self.budget:
+                return s
+        low = self.lowest_found(extra=(self.sim(start),))
         return low if low.peak <= self.budget else None
+
+    def lowest_found(self, extra=()):
+        """Where the front is too big or not exact: the lower of the descent's
+        plan (``lowest_plan``, from ``extra`` too) and the bisection's
+        (``bound_lowest``, from the lowest plan simulated by then)."""
+        low = self.lowest_plan(extra=extra)
+        seed = min(self.simulations.values(), key=lambda s: (s.peak, s.cost))
+        found, _ = self.bound_lowest(seed)
+        return min(found, low, key=lambda s: (s.peak, s.cost))
 
     def every(self, max_decisions) -> bool:
         """Simulate every plan (each subset of the decisions), if there are at most
@@ -496,7 +564,8 @@ def every_plan(profile, max_decisions=EXACT_DECISIONS):
 def lowest(profile, simulations=None):
     """(the simulation of the lowest plan, seconds), the same whatever the
     budget: exact (every plan simulated) up to ``EXACT_DECISIONS`` decisions, else
-    the lowest the search finds (``_Planner.lowest_plan``). ``simulations``: plans
+    the front's (exact where it simulates to its bound), else the lowest the
+    searches find (``_Planner.lowest_found``). ``simulations``: plans
     of ``profile`` simulated before (a dict that ``solve`` filled)."""
     start = time.perf_counter()
     planner = _Planner(profile, -1, simulations)
@@ -505,7 +574,7 @@ def lowest(profile, simulations=None):
     else:
         low, exact = planner.front_lowest()
         if not exact:
-            found = planner.lowest_plan()
+            found = planner.lowest_found()
             if low is None or (found.peak, found.cost) < (low.peak, low.cost):
                 low = found
     return low, time.perf_counter() - start
