@@ -28,20 +28,26 @@ def _profile(name, sizes):
 
 @pytest.mark.parametrize("name,sizes", SMALL)
 def test_the_bound_is_never_above_a_plans_simulated_peak(name, sizes):
-    profile = _profile(name, sizes)
-    decisions = _Planner(profile, -1).decisions()
-    bound = _Bound(profile, decisions)
-    rng = random.Random(0)
     tight = 0
-    for _ in range(60):
-        share = rng.random()
-        choice = {i: RECOMPUTE if rng.random() < share else KEEP for i in decisions}
-        low, cost, _ = bound(choice)
-        s = simulate(profile, frozenset(i for i, c in choice.items() if c == RECOMPUTE))
+    for low, cost, s in _random_plans(_profile(name, sizes), 60, seed=0):
         assert low <= s.peak, (low, s.peak)
         assert cost <= s.cost + 1e-15
         tight += low == s.peak
     assert tight > 0    # (a bound of 0 would pass the rest)
+
+
+def _random_plans(profile, n, seed):
+    """(the bound's peak, its cost, the simulation) of ``n`` random plans, each
+    recomputing a random share of the decisions."""
+    decisions = _Planner(profile, -1).decisions()
+    bound = _Bound(profile, decisions)
+    rng = random.Random(seed)
+    for _ in range(n):
+        share = rng.random()
+        choice = {i: RECOMPUTE if rng.random() < share else KEEP for i in decisions}
+        low, cost, _ = bound(choice)
+        yield low, cost, simulate(profile, frozenset(i for i, c in choice.items()
+                                                     if c == RECOMPUTE))
 
 
 @pytest.mark.parametrize("name,sizes", SMALL[:2])
@@ -239,18 +245,13 @@ def test_on_a_deeper_transformer_the_bound_stays_below_every_plans_peak_and_is_r
     # 4-layer transformer's lowest plan was 0.298 of the peak without a plan,
     # where it simulates to 0.347).
     profile = _profile("transformer", TWO_LAYERS)
-    decisions = _Planner(profile, -1).decisions()
-    bound = _Bound(profile, decisions)
-    rng = random.Random(1)
     tight = 0
-    for _ in range(40):
-        share = rng.random()
-        choice = {i: RECOMPUTE if rng.random() < share else KEEP for i in decisions}
-        low, cost, _ = bound(choice)
-        s = simulate(profile, frozenset(i for i, c in choice.items() if c == RECOMPUTE))
+    for low, _, s in _random_plans(profile, 40, seed=1):
         assert low <= s.peak, (low, s.peak)
         tight += low == s.peak
     assert tight >= 30
+    decisions = _Planner(profile, -1).decisions()
+    bound = _Bound(profile, decisions)
     # recomputing everything: its bound is its simulated peak (before: 0.870 of
     # the peak without a plan, where it simulates to 1.0)
     every = {i: RECOMPUTE for i in decisions}
