@@ -50,15 +50,21 @@ def _random_plans(profile, n, seed):
                                                      if c == RECOMPUTE))
 
 
-@pytest.mark.parametrize("name,sizes", SMALL[:2])
-def test_the_front_is_the_bounds_pareto_front_over_every_plan(name, sizes):
-    # The DP against the bound of every plan, enumerated.
-    profile = _profile(name, sizes)
+def _every_plans_bound(profile):
+    """(decisions, the bound, every plan simulated, each plan's (bound, cost))."""
     decisions = _Planner(profile, -1).decisions()
     bound = _Bound(profile, decisions)
     plans = every_plan(profile, max_decisions=12)
     points = [bound({i: RECOMPUTE if i in s.recompute else KEEP for i in decisions})[:2]
               for s in plans.values()]
+    return decisions, bound, plans, points
+
+
+@pytest.mark.parametrize("name,sizes", SMALL[:2])
+def test_the_front_is_the_bounds_pareto_front_over_every_plan(name, sizes):
+    # The DP against the bound of every plan, enumerated.
+    profile = _profile(name, sizes)
+    decisions, bound, plans, points = _every_plans_bound(profile)
     front = bound_front(profile)
     assert front.complete
     assert front.lowest()[0] == min(p for p, _ in points)
@@ -139,11 +145,7 @@ def test_the_dp_for_one_budget_finds_the_bounds_cheapest_plan_that_fits(name, si
     # bytes that stay within it whatever the undecided values add: against the
     # bound of every plan, enumerated.
     profile = _profile(name, sizes)
-    decisions = _Planner(profile, -1).decisions()
-    bound = _Bound(profile, decisions)
-    plans = every_plan(profile, max_decisions=12)
-    points = [bound({i: RECOMPUTE if i in s.recompute else KEEP for i in decisions})[:2]
-              for s in plans.values()]
+    decisions, bound, plans, points = _every_plans_bound(profile)
     least = min(p for p, _ in points)
     base = profile.baseline_peak
     for fraction in np.linspace(least / base, 1.0, 6):
