@@ -99,7 +99,7 @@ class _Source:
                 not one_ufunc(node) or dtype is None or dtype.kind != "f" or \
                 any(a.meta.get("dtype") != dtype for a in node.args if isinstance(a, Node)):
             return self.value(v)
-        text = self.value(v)["text"] if type(v) is not float or math.isfinite(v) else repr(v)
+        text = render_expr(v.expr) if isinstance(v, (SymInt, SymFloat)) else repr(v)
         # (a float by its bits too: -nan's repr is "nan", and its sign bit is kept)
         key = (text, dtype, struct.pack("<d", v) if type(v) is float else None)
         name = self.typed.get(key)
