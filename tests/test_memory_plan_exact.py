@@ -165,6 +165,44 @@ def test_the_dp_for_one_budget_finds_the_bounds_cheapest_plan_that_fits(name, si
     assert lo < least <= hi and hi - lo <= 1e-3 * hi
 
 
+
+@pytest.mark.parametrize("name,sizes", [SMALL[0], SMALL[2]])
+def test_the_relaxed_dp_bounds_the_cheapest_plan_below(name, sizes):
+    # bound_front's relaxation (relax_steps, relax_bytes), for where the exact DP
+    # is out of reach: against the exact DP for the same budget, its least cost
+    # is never above the cheapest plan's that fits, a plan it names has a bound at
+    # least its peak, and it finds no point only where no plan fits. The coarsest
+    # relaxation tried must be weaker somewhere (else the test could not fail).
+    profile = _profile(name, sizes)
+    decisions = _Planner(profile, -1).decisions()
+    bound = _Bound(profile, decisions)
+    base = profile.baseline_peak
+    lo, _ = lowest_bound(profile, base)
+    weaker = 0
+    for fraction in np.linspace(lo / base, 1.0, 5):
+        budget = math.ceil(fraction * base)
+        exact = bound_front(profile, budget=budget)
+        assert exact.complete
+        for steps, quantum in ((2, 0), (4, budget // 50), (10 ** 6, budget // 5)):
+            relaxed = bound_front(profile, budget=budget, relax_steps=steps,
+                                  relax_bytes=quantum)
+            assert relaxed.complete
+            if not relaxed.points:
+                assert not exact.points
+                continue
+            cost = relaxed.points[0][1]
+            if exact.points:
+                assert cost <= exact.points[0][1] + 1e-15
+                weaker += cost < exact.points[0][1] - 1e-15
+            for peak, cost, plan in relaxed.points:
+                assert peak <= budget
+                if plan is not None:
+                    low, plan_cost, _ = bound({i: RECOMPUTE if i in plan else KEEP
+                                               for i in decisions})
+                    assert peak <= low and cost == pytest.approx(plan_cost, abs=1e-15)
+    assert weaker > 0
+
+
 TRANSFORMER = dict(layers=1, d_model=16, heads=2, seq=8, batch=2)
 
 
