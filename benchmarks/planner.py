@@ -149,7 +149,8 @@ def main():
             else:
                 for steps, part in ((1, 0),) + RELAXATIONS:
                     cheaper = bound_front(profile, state_limit=BUDGET_STATES, budget=budget,
-                                          cost_limit=chosen.cost, relax_steps=steps,
+                                          cost_limit=chosen.cost * (1 - 1e-9),
+                                          relax_steps=steps,
                                           relax_bytes=part and budget // part)
                     if cheaper.complete:
                         break
