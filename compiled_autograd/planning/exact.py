@@ -526,6 +526,7 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                     F[n + values[s].freed_at:] += values[s].nbytes
                 floor = budget - np.maximum.reduceat(F, cut)
             nxt[kind] = (cut, floor, _Bucket(len(cut)))
+        filled = []   # the kinds in the order of their first state (ties: as before)
         for states, kind, add, done, extra, c in moves:
             cut, floor, bucket = nxt[kind]
             for _, cost, P, plan in states:
@@ -544,11 +545,13 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                     if int(key.max()) > budget:
                         continue
                     key = np.maximum(key, floor)
+                if not bucket.n:
+                    filled.append(kind)
                 bucket.offer(key, 0.0 if feasible_only else cost + extra, P2,
                              None if plan is None else plan | {i} if c == RECOMPUTE else plan,
                              relax_bytes)
         level = {(tuple(sorted(kinds[kind][0].items())), tuple(sorted(kinds[kind][1].items()))):
-                 bucket.states() for kind, (_, _, bucket) in nxt.items() if bucket.n}
+                 nxt[kind][2].states() for kind in filled}
         size = sum(len(v) for v in level.values())
         most = max(most, size)
         if size > state_limit:
