@@ -203,6 +203,39 @@ def test_the_relaxed_dp_bounds_the_cheapest_plan_below(name, sizes):
     assert weaker > 0
 
 
+@pytest.mark.parametrize("name,sizes", [SMALL[0], SMALL[2]])
+def test_the_relaxed_dp_loses_no_point_of_the_exact_front(name, sizes):
+    # Where a relaxation errs the wrong way (a merged kind counting more bytes than
+    # one of its plans, a merged state costing more) it loses a plan. Each point
+    # of the exact front is the cheapest plan whose bound is at most its peak, to
+    # the byte: with that peak as the budget the relaxed DP must find a cost no
+    # higher (and some plan at all), and without a budget its front a point no
+    # higher and no dearer. (The test above, against the exact DP's least cost at
+    # five budgets, missed three such errors put in on purpose: an input's
+    # recomputed reach taken from its reader's kept reach, and a dropped state's
+    # live bytes merged by the most, or not merged at all, with relax_bytes.)
+    profile = _profile(name, sizes)
+    front = bound_front(profile).points
+    top = front[-1][0]
+    weaker = 0
+    for steps, part in ((3, 0), (10 ** 6, 0), (10 ** 6, 20)):
+        relaxed = bound_front(profile, relax_steps=steps, relax_bytes=part and top // part)
+        assert relaxed.complete
+        for peak, cost, _ in front:
+            assert any(p <= peak and c <= cost + 1e-15 for p, c, _ in relaxed.points), \
+                (steps, part, peak, cost)
+        if steps == 3:   # (the budgets: the coarse relaxations only, for time)
+            continue
+        for peak, cost, _ in front:
+            at = bound_front(profile, budget=peak, relax_steps=steps,
+                             relax_bytes=part and peak // part)
+            assert at.complete and at.points and at.points[0][1] <= cost + 1e-15
+            weaker += at.points[0][1] < cost - 1e-15
+        assert bound_front(profile, budget=front[0][0], relax_steps=steps,
+                           relax_bytes=part and front[0][0] // part, feasible_only=True).points
+    assert weaker > 0
+
+
 TRANSFORMER = dict(layers=1, d_model=16, heads=2, seq=8, batch=2)
 
 

@@ -464,8 +464,8 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                 rest_points.add(last[j] + 1)
             if kb.get(j):
                 rest_points.add(n + values[values[j].storage].freed_at)
-        # the moves (a kind of state, a choice for i) and the kinds they lead to
-        moves, kinds = [], {}
+        # the moves (a kind of state, a choice for i), the kinds they lead to, those filled
+        moves, kinds, filled = [], {}, []
         for (frontier_items, group_items), states in level.items():
             frontier, groups = dict(frontier_items), dict(group_items)
             needed = i in saved or i in frontier
@@ -502,8 +502,7 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                                      for j, (k_j, r_j, e_j) in f2.items())),
                         tuple(sorted((s, e // relax_steps) for s, e in open_.items())))
                 points = {p for entry in f2.values() for p in (entry[0], entry[1], entry[2] + 1)}
-                points |= {e + 1 for e in open_.values()}
-                points |= {n + values[s].freed_at for s in open_}
+                points |= {e + 1 for e in open_.values()} | {n + values[s].freed_at for s in open_}
                 known = kinds.get(kind)
                 if known is None:
                     kinds[kind] = [f2, open_, points]
@@ -544,11 +543,12 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                     if int(key.max()) > budget:
                         continue
                     key = np.maximum(key, floor)
+                filled += [] if bucket.n else [kind]   # (by first state: ties as before)
                 bucket.offer(key, 0.0 if feasible_only else cost + extra, P2,
                              None if plan is None else plan | {i} if c == RECOMPUTE else plan,
                              relax_bytes)
         level = {(tuple(sorted(kinds[kind][0].items())), tuple(sorted(kinds[kind][1].items()))):
-                 bucket.states() for kind, (_, _, bucket) in nxt.items() if bucket.n}
+                 nxt[kind][2].states() for kind in filled}
         size = sum(len(v) for v in level.values())
         most = max(most, size)
         if size > state_limit:
