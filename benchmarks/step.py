@@ -1,9 +1,11 @@
 """The training step, forward plus backward, side by side: ca's eager engine, compiled
-autograd on "python" and "c", and torch's eager autograd, interleaved (each step
-of a round runs every mode once, so all see the same machine), each mode in a
-process of its own (as a user runs one library: in one process torch's
-allocations changed how many pages ca's steps faulted in), at 1 thread and at the
-default thread count (BLAS threads are fixed at start-up).
+autograd on "python" and "c", and torch's eager autograd, each mode in a process
+of its own, as a user runs one library (in one process, torch's allocations
+changed how many pages ca's steps faulted in), the modes taking turns: each runs
+a block of 10 steps in a row (4 for the large MLP and the transformer), as in a
+training loop, then the next, so that all see the same machine; the first step
+of each block is not kept. At 1 thread and at the default thread count (BLAS
+threads are fixed at start-up).
 
 Each model is written once for both libraries (``lib`` is ``compiled_autograd`` or
 ``torch``): the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16
@@ -24,7 +26,7 @@ With an optimizer (``--optimizer-cases``, default the small MLP and the
 transformer; SGD with momentum and Adam): the step is ``forward; backward; update``
 -- torch with its ``foreach`` optimizer (``step(); zero_grad()``), ca's eager
 engine and "c" with ``step()``, and "c" and "python" with the update inside the
-compiled backward (``ca.optim.in_backward``), interleaved the same way.
+compiled backward (``ca.optim.in_backward``), taking turns the same way.
 
 Each mode's minor page faults per step are reported too, with one more process
 beside them: "c kept", the "c" mode with glibc's malloc told to keep freed memory
@@ -102,10 +104,11 @@ def _runner(mode, case, fresh):
 
 class _Alone:
     """A step runner (``_runner`` or ``_optimizer_runner``, by ``kind``) in a process
-    of its own: one library's allocations do not change how the C allocator serves
-    the other's (in one process, torch's steps kept glibc from giving back the
-    memory that ca's steps then had to fault in again, and ca looked faster than it
-    is alone). Called, it runs one step there and gives what the runner gives."""
+    of its own, as a user runs one library: one library's allocations do not change
+    how the C allocator serves the other's (in one process, torch's steps kept
+    glibc from giving back the memory that ca's steps then faulted in again), and
+    the interpreter's caches are its own. Called with ``n``, it runs ``n`` steps in a
+    row there: [(what the runner gives, the minor page faults of that step)]."""
 
     def __init__(self, kind, *args, env=None):
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve",
@@ -120,9 +123,8 @@ class _Alone:
                 return json.loads(line[5:])
         sys.exit(f"step server failed: {self.proc.wait()}")
 
-    def __call__(self):
-        """(what the runner gives, the minor page faults of its step)."""
-        self.proc.stdin.write("\n")
+    def __call__(self, n):
+        self.proc.stdin.write(f"{n}\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -132,7 +134,7 @@ class _Alone:
 
 
 def serve(spec):
-    """The child of ``_Alone``: makes the runner, then runs a step per input line."""
+    """The child of ``_Alone``: makes the runner, then runs the steps asked for."""
     kind, args = json.loads(spec)
     if args[0] == "torch":
         import torch
@@ -143,27 +145,40 @@ def serve(spec):
     else:
         step, info = _optimizer_runner(*args), None
     print("STEP " + json.dumps(info), flush=True)
-    for _ in sys.stdin:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        out = step()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-        print("STEP " + json.dumps([out, faults]), flush=True)
+    for line in sys.stdin:
+        out = []
+        for _ in range(int(line)):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            got = step()
+            out.append([got, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before])
+        print("STEP " + json.dumps(out), flush=True)
+
+
+def _rounds(runners, reps):
+    """{mode: [(what its runner gives, faults)] * about ``reps``}: the modes take
+    turns, each running a block of steps in a row, as in a training loop (the first
+    step of each block, after the others' turns, is not kept), after 5 warm-up
+    steps each."""
+    block = 10 if reps >= 50 else 4
+    for r in runners.values():
+        r(5)
+    got = {m: [] for m in runners}
+    for _ in range(-(-reps // block)):
+        for m, r in runners.items():
+            got[m] += r(block + 1)[1:]
+    return got
 
 
 def measure_case(case, reps, modes):
-    """Medians of forward, backward and step per mode and parameter kind, the modes
-    interleaved step by step, each in a process of its own (``_Alone``)."""
+    """Medians of forward, backward and step per mode and parameter kind, each mode
+    in a process of its own (``_Alone``), taking turns (``_rounds``)."""
     out = {}
     for fresh in (False, True) if len(modes) > 1 else (False,):
         alone = {m: _Alone("case", m, case, fresh) for m in modes}
         if not fresh and "c" in modes:   # glibc told to keep freed memory
             alone[KEPT] = _Alone("case", "c", case, fresh, env=MALLOC_KEEPS)
-        times = {m: [] for m in alone}
-        for i in range(reps + 5):
-            for m, step in alone.items():
-                (f, b), faults = step()
-                if i >= 5:
-                    times[m].append((f, b, faults))
+        times = {m: [(f, b, faults) for (f, b), faults in got]
+                 for m, got in _rounds(alone, reps).items()}
         for r in alone.values():
             r.close()
         kind = "fresh" if fresh else "reused"
@@ -210,16 +225,11 @@ def _optimizer_runner(mode, case, name, options):
 
 
 def measure_optimizers(case, reps, modes):
-    """Medians of a step with each optimizer per mode, the modes interleaved."""
+    """Medians of a step with each optimizer per mode, the modes taking turns."""
     out = {}
     for name, options in OPTIMIZERS:
         runners = {m: _Alone("optimizer", m, case, name, options) for m in modes}
-        times = {m: [] for m in modes}
-        for i in range(reps + 5):
-            for m in modes:
-                t, _ = runners[m]()
-                if i >= 5:
-                    times[m].append(t)
+        times = {m: [t for t, _ in got] for m, got in _rounds(runners, reps).items()}
         for r in runners.values():
             r.close()
         out[name] = {m: statistics.median(times[m]) for m in modes}
