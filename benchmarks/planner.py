@@ -14,9 +14,12 @@ plan, the recompute cost of the knapsack's plan against the cheapest plan that
 fits: every plan simulated, or the bound's DP for that budget (``bound_front``
 with the budget, for plans cheaper than the knapsack's): exact when it finds none
 (the knapsack's plan is the cheapest) or its plan's simulated peak fits; else its
-cost is only a lower bound of the cheapest (the ratio marked "<="); "-" where the
-DP gave up (the DP for one budget may hold up to ``BUDGET_STATES`` states at
-one decision). Where the whole front is out of reach, the bound's least value is
+cost is only a lower bound of the cheapest (the ratio marked "<="). Where that
+DP gives up (it may hold up to ``BUDGET_STATES`` states at one decision), its
+relaxations are tried, finest first (``RELAXATIONS``; "relaxed DP at" lists those
+budgets): a relaxed DP that finds no plan cheaper than the knapsack's proves it
+the cheapest, else its least cost is a lower bound of the cheapest's; "DP gave
+up at" lists the budgets where every one of them gave up too. Where the whole front is out of reach, the bound's least value is
 bracketed by bisection (``lowest_bound``: the DP for a budget, asking only
 whether any plan's bound fits): "bound" is then its proven lower end, and
 "/bound" the planner's lowest over it, at most the planner's distance from the
@@ -48,6 +51,9 @@ EXACT_MAX = 12    # decisions: 2 ** 12 subsets at most
 BUDGETS = 8       # budgets per model, from the exact lowest peak to 1.0
 DP_STATES = 30_000   # the bound's DP gives up past this many states at one decision
 BUDGET_STATES = 120_000   # (the DP for one budget's cheapest plan: past this many)
+# where that DP gives up: its relaxations, finest first (relax_steps, and
+# relax_bytes as the budget's share), each a lower bound of the cheapest's cost
+RELAXATIONS = ((4, 1000), (4, 50), (8, 50))
 
 MODELS = [
     ("mlp", dict(layers=3, width=256, batch=256, activation="gelu")),
@@ -130,7 +136,7 @@ def main():
         if not front.complete:
             gave_up.append((label, front))
         worst = {True: (0.0, None), False: (0.0, None)}   # exact, and "<=" (bounded)
-        unknown = []
+        unknown, relaxed = [], []
         low = exact if exact is not None else found.peak
         for fraction in np.linspace(low / base, 1.0, BUDGETS):
             budget = math.ceil(fraction * base)
@@ -141,30 +147,37 @@ def main():
             if plans is not None:
                 cheapest, is_exact = min(s.cost for s in plans.values() if s.peak <= budget), True
             else:
-                cheaper = bound_front(profile, state_limit=BUDGET_STATES, budget=budget,
-                                      cost_limit=chosen.cost)
+                for steps, part in ((1, 0),) + RELAXATIONS:
+                    cheaper = bound_front(profile, state_limit=BUDGET_STATES, budget=budget,
+                                          cost_limit=chosen.cost * (1 - 1e-9),
+                                          relax_steps=steps,
+                                          relax_bytes=part and budget // part)
+                    if cheaper.complete:
+                        break
                 if not cheaper.complete:
                     unknown.append(fraction)
                     continue
+                if steps > 1:
+                    relaxed.append(fraction)
                 if not cheaper.points:
                     cheapest, is_exact = chosen.cost, True
                 else:
                     cost, plan = cheaper.points[0][1], cheaper.points[0][2]
-                    s = simulate(profile, plan)
-                    is_exact = s.peak <= budget
+                    s = simulate(profile, plan) if plan is not None else None
+                    is_exact = s is not None and s.peak <= budget
                     cheapest = s.cost if is_exact else cost
             ratio = (chosen.cost + 1e-12) / (cheapest + 1e-12)
             if ratio >= worst[is_exact][0]:
                 worst[is_exact] = (ratio, fraction)
         costs.append((label, "every plan" if plans is not None else "DP budget", worst,
-                      unknown))
+                      unknown, relaxed))
     print()
     print(f"recompute cost of the knapsack's plan / the cheapest plan that fits, worst of "
           f"{BUDGETS} budgets from the exact lowest peak to 1.0: where the cheapest is "
           "known, and where only a lower bound of its cost is (<=)")
     print(f"{'model':<56}{'cheapest by':>12}{'worst':>8}{'at budget':>11}"
-          f"{'worst <=':>10}{'at budget':>11}  DP gave up at")
-    for label, by, worst, unknown in costs:
+          f"{'worst <=':>10}{'at budget':>11}  {'relaxed DP at':<14}DP gave up at")
+    for label, by, worst, unknown, relaxed in costs:
         cells = ""
         for is_exact in (True, False):
             ratio, fraction = worst[is_exact]
@@ -172,7 +185,8 @@ def main():
             at = "-" if fraction is None else f"{fraction:.3f}"
             cells += f"{shown:>{8 if is_exact else 10}}{at:>11}"
         gave = " ".join(f"{x:.3f}" for x in unknown) or "-"
-        print(f"{label:<56}{by:>12}{cells}  {gave}")
+        relax = " ".join(f"{x:.3f}" for x in relaxed) or "-"
+        print(f"{label:<56}{by:>12}{cells}  {relax:<14}{gave}")
     for label, front in gave_up:
         print(f"\n{label}: the bound's whole front gave up at decision {front.decided} of "
               f"{front.decisions}, {front.states:,} states at one decision (the limit "

@@ -1,8 +1,11 @@
 """The training step, forward plus backward, side by side: ca's eager engine, compiled
-autograd on "python" and "c", and torch's eager autograd, interleaved in one process
-(each step of a round runs every mode once, so all see the same machine), at 1
-thread and at the default thread count (each in a fresh process: BLAS threads are
-fixed at start-up).
+autograd on "python" and "c", and torch's eager autograd, each mode in a process
+of its own, as a user runs one library (in one process, torch's allocations
+changed how many pages ca's steps faulted in), the modes taking turns: each runs
+a block of 10 steps in a row (4 for the large MLP and the transformer), as in a
+training loop, then the next, so that all see the same machine; the first step
+of each block is not kept. At 1 thread and at the default thread count (BLAS
+threads are fixed at start-up).
 
 Each model is written once for both libraries (``lib`` is ``compiled_autograd`` or
 ``torch``): the small MLP (8 x 64, batch 32), a 200-op elementwise chain (16
@@ -23,7 +26,12 @@ With an optimizer (``--optimizer-cases``, default the small MLP and the
 transformer; SGD with momentum and Adam): the step is ``forward; backward; update``
 -- torch with its ``foreach`` optimizer (``step(); zero_grad()``), ca's eager
 engine and "c" with ``step()``, and "c" and "python" with the update inside the
-compiled backward (``ca.optim.in_backward``), interleaved the same way.
+compiled backward (``ca.optim.in_backward``), taking turns the same way.
+
+Each mode's minor page faults per step are reported too, with one more process
+beside them: "c kept", the "c" mode with glibc's malloc told to keep freed memory
+(``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``; what the library does not
+do by itself: it would change how the whole process allocates).
 
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
@@ -39,6 +47,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +60,11 @@ MODES = ("torch", "eager", "python", "c")
 OPT_CASES = ("small_mlp", "transformer")
 OPTIMIZERS = (("SGD", dict(lr=1e-3, momentum=0.9)), ("Adam", dict(lr=1e-4)))
 OPT_MODES = ("torch", "eager+step", "c+step", "c inside", "python inside")
+
+# glibc's malloc told to keep freed memory (no heap trimming, no mmap for arrays
+# up to 32 MB): what the "c kept" process runs with, beside "c" as it is
+KEPT = "c kept"
+MALLOC_KEEPS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 import models  # noqa: E402
 from models import SIZES, count_nodes, model, wrap  # noqa: E402
@@ -88,25 +102,93 @@ def _runner(mode, case, fresh):
     return step, nodes
 
 
+class _Alone:
+    """A step runner (``_runner`` or ``_optimizer_runner``, by ``kind``) in a process
+    of its own, as a user runs one library: one library's allocations do not change
+    how the C allocator serves the other's (in one process, torch's steps kept
+    glibc from giving back the memory that ca's steps then faulted in again), and
+    the interpreter's caches are its own. Called with ``n``, it runs ``n`` steps in a
+    row there: [(what the runner gives, the minor page faults of that step)]."""
+
+    def __init__(self, kind, *args, env=None):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve",
+                                      json.dumps([kind, args])], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True,
+                                     env=None if env is None else {**os.environ, **env})
+        self.info = self._read()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("STEP "):
+                return json.loads(line[5:])
+        sys.exit(f"step server failed: {self.proc.wait()}")
+
+    def __call__(self, n):
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def serve(spec):
+    """The child of ``_Alone``: makes the runner, then runs the steps asked for."""
+    kind, args = json.loads(spec)
+    if args[0] == "torch":
+        import torch
+        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
+                              torch.get_num_threads())
+    if kind == "case":
+        step, info = _runner(*args)
+    else:
+        step, info = _optimizer_runner(*args), None
+    print("STEP " + json.dumps(info), flush=True)
+    for line in sys.stdin:
+        out = []
+        for _ in range(int(line)):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            got = step()
+            out.append([got, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before])
+        print("STEP " + json.dumps(out), flush=True)
+
+
+def _rounds(runners, reps):
+    """{mode: [(what its runner gives, faults)] * about ``reps``}: the modes take
+    turns, each running a block of steps in a row, as in a training loop (the first
+    step of each block, after the others' turns, is not kept), after 5 warm-up
+    steps each."""
+    block = 10 if reps >= 50 else 4
+    for r in runners.values():
+        r(5)
+    got = {m: [] for m in runners}
+    for _ in range(-(-reps // block)):
+        for m, r in runners.items():
+            got[m] += r(block + 1)[1:]
+    return got
+
+
 def measure_case(case, reps, modes):
-    """Medians of forward, backward and step per mode and parameter kind, the modes
-    interleaved step by step."""
+    """Medians of forward, backward and step per mode and parameter kind, each mode
+    in a process of its own (``_Alone``), taking turns (``_rounds``)."""
     out = {}
     for fresh in (False, True) if len(modes) > 1 else (False,):
-        runners = {m: _runner(m, case, fresh) for m in modes}
-        times = {m: [] for m in modes}
-        for i in range(reps + 5):
-            for m in modes:
-                f, b = runners[m][0]()
-                if i >= 5:
-                    times[m].append((f, b))
+        alone = {m: _Alone("case", m, case, fresh) for m in modes}
+        if not fresh and "c" in modes:   # glibc told to keep freed memory
+            alone[KEPT] = _Alone("case", "c", case, fresh, env=MALLOC_KEEPS)
+        times = {m: [(f, b, faults) for (f, b), faults in got]
+                 for m, got in _rounds(alone, reps).items()}
+        for r in alone.values():
+            r.close()
         kind = "fresh" if fresh else "reused"
-        for m in modes:
+        for m, step in alone.items():
             fw = statistics.median(t[0] for t in times[m])
             bw = statistics.median(t[1] for t in times[m])
             st = statistics.median(t[0] + t[1] for t in times[m])
             out[f"{kind}:{m}"] = {"forward": fw, "backward": bw, "step": st,
-                                  "nodes": runners[m][1]}
+                                  "nodes": step.info,
+                                  "faults": statistics.median(t[2] for t in times[m])}
     if case == "large_mlp" and "c" in modes and "torch" in modes:
         out["floor"] = _step_floor(case, reps, _runner("c", case, False)[0])
     return out
@@ -143,16 +225,13 @@ def _optimizer_runner(mode, case, name, options):
 
 
 def measure_optimizers(case, reps, modes):
-    """Medians of a step with each optimizer per mode, the modes interleaved."""
+    """Medians of a step with each optimizer per mode, the modes taking turns."""
     out = {}
     for name, options in OPTIMIZERS:
-        runners = {m: _optimizer_runner(m, case, name, options) for m in modes}
-        times = {m: [] for m in modes}
-        for i in range(reps + 5):
-            for m in modes:
-                t = runners[m]()
-                if i >= 5:
-                    times[m].append(t)
+        runners = {m: _Alone("optimizer", m, case, name, options) for m in modes}
+        times = {m: [t for t, _ in got] for m, got in _rounds(runners, reps).items()}
+        for r in runners.values():
+            r.close()
         out[name] = {m: statistics.median(times[m]) for m in modes}
     return out
 
@@ -271,6 +350,16 @@ def report(results, threads, eager_only=None):
         tc = (f"{_fmt(t['backward']):>14}{_fmt(row['fresh:torch']['backward']):>13}" if t
               else f"{'-':>14}{'-':>13}")
         print(f"{case:<17}{_fmt(r):>10}{_fmt(f):>10}{f / r:>14.2f}{tc}")
+    print("minor page faults per step, each mode in its own process (reused parameters); "
+          f"\"{KEPT}\": \"c\" with glibc's malloc told to keep freed memory "
+          "(" + ", ".join(f"{k}={v}" for k, v in MALLOC_KEEPS.items()) + ")")
+    print(f"{'case':<17}" + "".join(f"{m:>9}" for m in MODES + (KEPT,))
+          + f"{KEPT + ' step':>14}{KEPT + '/torch':>14}")
+    for case, row in results.items():
+        t, k = row.get("reused:torch"), row[f"reused:{KEPT}"]
+        faults = [row.get(f"reused:{m}", {}).get("faults", "-") for m in MODES + (KEPT,)]
+        print(f"{case:<17}" + "".join(f"{f:>9}" for f in faults) + f"{_fmt(k['step']):>14}"
+              + (f"{k['step'] / t['step']:>14.2f}" if t else f"{'-':>14}"))
     if eager_only:
         never, after = eager_only
         print("eager steps only: the forward in processes that never used compiled "
@@ -301,7 +390,10 @@ def main():
     parser.add_argument("--optimizer-cases", default=",".join(OPT_CASES),
                         help="cases measured with an optimizer (empty: none)")
     parser.add_argument("--optimizers-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve)
     cases = [c for c in args.cases.split(",") if c]
     opt_cases = [c for c in args.optimizer_cases.split(",") if c]
     unknown = (set(cases) | set(opt_cases)) - set(CASES)

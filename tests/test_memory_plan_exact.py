@@ -165,6 +165,77 @@ def test_the_dp_for_one_budget_finds_the_bounds_cheapest_plan_that_fits(name, si
     assert lo < least <= hi and hi - lo <= 1e-3 * hi
 
 
+
+@pytest.mark.parametrize("name,sizes", [SMALL[0], SMALL[2]])
+def test_the_relaxed_dp_bounds_the_cheapest_plan_below(name, sizes):
+    # bound_front's relaxation (relax_steps, relax_bytes), for where the exact DP
+    # is out of reach: against the exact DP for the same budget, its least cost
+    # is never above the cheapest plan's that fits, a plan it names has a bound at
+    # least its peak, and it finds no point only where no plan fits. The coarsest
+    # relaxation tried must be weaker somewhere (else the test could not fail).
+    profile = _profile(name, sizes)
+    decisions = _Planner(profile, -1).decisions()
+    bound = _Bound(profile, decisions)
+    base = profile.baseline_peak
+    lo, _ = lowest_bound(profile, base)
+    weaker = 0
+    for fraction in np.linspace(lo / base, 1.0, 5):
+        budget = math.ceil(fraction * base)
+        exact = bound_front(profile, budget=budget)
+        assert exact.complete
+        for steps, quantum in ((2, 0), (4, budget // 50), (10 ** 6, budget // 5)):
+            relaxed = bound_front(profile, budget=budget, relax_steps=steps,
+                                  relax_bytes=quantum)
+            assert relaxed.complete
+            if not relaxed.points:
+                assert not exact.points
+                continue
+            cost = relaxed.points[0][1]
+            if exact.points:
+                assert cost <= exact.points[0][1] + 1e-15
+                weaker += cost < exact.points[0][1] - 1e-15
+            for peak, cost, plan in relaxed.points:
+                assert peak <= budget
+                if plan is not None:
+                    low, plan_cost, _ = bound({i: RECOMPUTE if i in plan else KEEP
+                                               for i in decisions})
+                    assert peak <= low and cost == pytest.approx(plan_cost, abs=1e-15)
+    assert weaker > 0
+
+
+@pytest.mark.parametrize("name,sizes", [SMALL[0], SMALL[2]])
+def test_the_relaxed_dp_loses_no_point_of_the_exact_front(name, sizes):
+    # Where a relaxation errs the wrong way (a merged kind counting more bytes than
+    # one of its plans, a merged state costing more) it loses a plan. Each point
+    # of the exact front is the cheapest plan whose bound is at most its peak, to
+    # the byte: with that peak as the budget the relaxed DP must find a cost no
+    # higher (and some plan at all), and without a budget its front a point no
+    # higher and no dearer. (The test above, against the exact DP's least cost at
+    # five budgets, missed three such errors put in on purpose: an input's
+    # recomputed reach taken from its reader's kept reach, and a dropped state's
+    # live bytes merged by the most, or not merged at all, with relax_bytes.)
+    profile = _profile(name, sizes)
+    front = bound_front(profile).points
+    top = front[-1][0]
+    weaker = 0
+    for steps, part in ((3, 0), (10 ** 6, 0), (10 ** 6, 20)):
+        relaxed = bound_front(profile, relax_steps=steps, relax_bytes=part and top // part)
+        assert relaxed.complete
+        for peak, cost, _ in front:
+            assert any(p <= peak and c <= cost + 1e-15 for p, c, _ in relaxed.points), \
+                (steps, part, peak, cost)
+        if steps == 3:   # (the budgets: the coarse relaxations only, for time)
+            continue
+        for peak, cost, _ in front:
+            at = bound_front(profile, budget=peak, relax_steps=steps,
+                             relax_bytes=part and peak // part)
+            assert at.complete and at.points and at.points[0][1] <= cost + 1e-15
+            weaker += at.points[0][1] < cost - 1e-15
+        assert bound_front(profile, budget=front[0][0], relax_steps=steps,
+                           relax_bytes=part and front[0][0] // part, feasible_only=True).points
+    assert weaker > 0
+
+
 TRANSFORMER = dict(layers=1, d_model=16, heads=2, seq=8, batch=2)
 
 

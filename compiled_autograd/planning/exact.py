@@ -286,7 +286,11 @@ def branch_and_bound(profile, budget=None, incumbent=None, simulations=None,
 class _Bucket:
     """The states of one kind at one level, none dominated by another: a state
     is dropped when another has, on every stretch of steps, no more live bytes,
-    and no higher cost."""
+    and no higher cost. With a ``quantum`` (bytes) live bytes are compared in its
+    units, rounded down, and a dropped state is merged into the one that drops
+    it (or that it drops): live bytes the least of the two at every step, the
+    lesser cost -- no longer one plan's (the plan None), but no more than either
+    plan's, so that costs and peaks stay lower bounds."""
 
     def __init__(self, width):
         self.keys = np.empty((8, width), dtype=np.int64)
@@ -295,12 +299,23 @@ class _Bucket:
         self.rest = []
         self.n = 0
 
-    def offer(self, key, cost, P, plan):
+    def offer(self, key, cost, P, plan, quantum=0):
         n, keys, alive = self.n, self.keys[:self.n], self.alive[:self.n]
+        if quantum:
+            key = key // quantum
         if n:
-            if np.any(alive & (self.costs[:n] <= cost) & (keys <= key).all(1)):
+            over = alive & (self.costs[:n] <= cost) & (keys <= key).all(1)
+            if over.any():
+                if quantum:
+                    k = int(np.argmax(over))
+                    self.rest[k] = (np.minimum(self.rest[k][0], P), None)
                 return
-            alive &= ~((cost <= self.costs[:n]) & (key <= keys).all(1))
+            under = alive & (cost <= self.costs[:n]) & (key <= keys).all(1)
+            if quantum and under.any():
+                for k in np.flatnonzero(under):
+                    P = np.minimum(P, self.rest[k][0])
+                plan = None
+            alive &= ~under
         if n == len(self.costs):
             self.keys = np.concatenate([self.keys, np.empty_like(self.keys)])
             self.costs = np.concatenate([self.costs, np.empty_like(self.costs)])
@@ -379,7 +394,8 @@ def _future_bytes(b, order, n, t) -> list:
 
 
 def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
-                feasible_only=False, cost_limit=None) -> Front:
+                feasible_only=False, cost_limit=None, relax_steps=1,
+                relax_bytes=0) -> Front:
     """The exact Pareto front of ``_Bound`` over every complete plan, by dynamic
     programming over the decisions from the last value made in the forward to the
     first. The bound of a plan is a max over steps of a sum of intervals, one per
@@ -401,7 +417,17 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
     that fits the budget). ``feasible_only``: costs are ignored too (the
     question is only whether any plan's bound fits: ``points`` empty if none).
     ``cost_limit``: only plans that cost less (a plan to beat: a state that costs
-    as much already is dropped)."""
+    as much already is dropped).
+
+    A relaxation, for where the exact DP holds too many states (its points are
+    then lower bounds: with ``budget``, the least cost is a lower bound of the
+    cheapest plan that fits, and no points means no plan fits):
+    ``relax_steps``: states whose pending values would live over steps that
+    agree once divided by it are one kind, whose future counts, at each step its
+    states differ on, the fewer bytes (a point's cost is then a plan's, its peak
+    a lower bound of that plan's bound); ``relax_bytes``: a state is merged into
+    one of its kind whose live bytes, in units of it, are no higher on every
+    stretch, at no higher cost (``_Bucket``: its plan then None)."""
     start = time.perf_counter()
     if decisions is None:
         every = frozenset(v.index for v in profile.values)
@@ -424,7 +450,9 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
     future = _future_bytes(b, order, n, t) if budget is not None else None
     if budget is not None and int(base.max()) > budget:
         return Front([], 1, time.perf_counter() - start, len(order), len(order))
-    # (frontier: value -> (reach, end), groups: storage -> last step) -> [(key, cost, P, plan)]
+    # (frontier: value -> (reach if kept, reach if recomputed, end), groups: storage
+    # -> last step) -> [(key, cost, P, plan)]; the two reaches differ only where
+    # ``relax_steps`` merged kinds (each then the one that counts fewer bytes)
     level = {((), ()): [(None, 0.0, base.copy(), frozenset())]}
     most = 1
     for d, i in enumerate(order):
@@ -436,12 +464,14 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                 rest_points.add(last[j] + 1)
             if kb.get(j):
                 rest_points.add(n + values[values[j].storage].freed_at)
-        nxt = {}
+        # the moves (a kind of state, a choice for i), the kinds they lead to, those filled
+        moves, kinds, filled = [], {}, []
         for (frontier_items, group_items), states in level.items():
             frontier, groups = dict(frontier_items), dict(group_items)
             needed = i in saved or i in frontier
-            reach_i, end_i = frontier.pop(i, (n, -1))
-            reach = min(reach_i, first[i] if i in saved else n)
+            keep_reach, rec_reach, end_i = frontier.pop(i, (n, n, -1))
+            bound_first = first[i] if i in saved else n
+            keep_reach, rec_reach = min(keep_reach, bound_first), min(rec_reach, bound_first)
             options = (KEEP, RECOMPUTE) if needed else (KEEP,)
             for c in options:
                 f2, g2 = dict(frontier), dict(groups)
@@ -449,59 +479,76 @@ def bound_front(profile, decisions=None, state_limit=STATE_LIMIT, budget=None,
                 extra = 0.0
                 if c == RECOMPUTE:
                     extra = values[i].cost
-                    e = b.end_of(i, reach, end_i)
+                    e = b.end_of(i, rec_reach, end_i)
                     if b.made[i]:
-                        add.append((reach, e, b.made[i]))
+                        add.append((rec_reach, e, b.made[i]))
                     for j in b.inputs[i]:
-                        r_j, e_j = f2.get(j, (reach, -1))
-                        f2[j] = (min(r_j, reach), max(e_j, b.reader_end(i, j, reach, e)))
+                        k_j, r_j, e_j = f2.get(j, (keep_reach, rec_reach, -1))
+                        f2[j] = (min(k_j, keep_reach), min(r_j, rec_reach),
+                                 max(e_j, b.reader_end(i, j, keep_reach, e)))
                 elif needed and i not in tied:
                     if kb[i]:   # (not saved: read by a recomputation emitted before reach)
                         s = values[i].storage
-                        g2[s] = max(g2.get(s, -1), last[i] if i in saved else reach - 1)
+                        g2[s] = max(g2.get(s, -1), last[i] if i in saved else keep_reach - 1)
                 elif i in saved:      # tied, kept: counted as not decided
                     s = values[i].storage
                     own = min(b.made[i], 0 if s in g2 else kb[i])
                     if own:
-                        add.append((reach, last[i], own))
-                done = [s for s in g2 if s >= i]   # owners decided: their storage is final
-                points = set(rest_points) | {r for r, _ in f2.values()} | \
-                    {e + 1 for _, e in f2.values()} | \
-                    {e + 1 for s, e in g2.items() if s < i} | \
-                    {n + values[s].freed_at for s in g2 if s < i}
-                cut = np.array(sorted(p for p in points if p < n + t))
-                floor = None
-                if budget is not None:
-                    F = future[d].copy()
-                    for s, e in g2.items():
-                        if s < i:   # a kept storage still to be counted
-                            F[:e + 1] += values[s].nbytes
-                            F[n + values[s].freed_at:] += values[s].nbytes
-                    floor = budget - np.maximum.reduceat(F, cut)
-                for P, cost, plan in ((p_, c_, pl_) for _, c_, p_, pl_ in states):
-                    if cost_limit is not None and cost + extra >= cost_limit:
+                        add.append((rec_reach, last[i], own))
+                done = [(s, e) for s, e in g2.items() if s >= i]   # owners decided: final
+                open_ = {s: e for s, e in g2.items() if s < i}
+                kind = (tuple(sorted((j, k_j // relax_steps, r_j // relax_steps,
+                                      e_j // relax_steps)
+                                     for j, (k_j, r_j, e_j) in f2.items())),
+                        tuple(sorted((s, e // relax_steps) for s, e in open_.items())))
+                points = {p for entry in f2.values() for p in (entry[0], entry[1], entry[2] + 1)}
+                points |= {e + 1 for e in open_.values()} | {n + values[s].freed_at for s in open_}
+                known = kinds.get(kind)
+                if known is None:
+                    kinds[kind] = [f2, open_, points]
+                else:     # (relax_steps: the same values pending, merged)
+                    for j, (k_j, r_j, e_j) in f2.items():
+                        k0, r0, e0 = known[0][j]
+                        known[0][j] = (min(k0, k_j), max(r0, r_j), min(e0, e_j))
+                    for s, e in open_.items():
+                        known[1][s] = min(known[1][s], e)
+                    known[2] |= points
+                moves.append((states, kind, add, done, extra, c))
+        nxt = {}
+        for kind, (f2, open_, points) in kinds.items():
+            cut = np.array(sorted(p for p in points | rest_points if p < n + t))
+            floor = None
+            if budget is not None:
+                F = future[d].copy()
+                for s, e in open_.items():   # a kept storage still to be counted
+                    F[:e + 1] += values[s].nbytes
+                    F[n + values[s].freed_at:] += values[s].nbytes
+                floor = budget - np.maximum.reduceat(F, cut)
+            nxt[kind] = (cut, floor, _Bucket(len(cut)))
+        for states, kind, add, done, extra, c in moves:
+            cut, floor, bucket = nxt[kind]
+            for _, cost, P, plan in states:
+                if cost_limit is not None and cost + extra >= cost_limit:
+                    continue
+                P2 = P
+                if add or done:
+                    P2 = P.copy()
+                    for lo, hi, nb in add:
+                        if lo <= hi:
+                            P2[lo:hi + 1] += nb
+                    for s, e in done:
+                        P2 = finalize(P2, s, e)
+                key = np.maximum.reduceat(P2, cut)
+                if floor is not None:
+                    if int(key.max()) > budget:
                         continue
-                    P2 = P
-                    if add or done:
-                        P2 = P.copy()
-                        for lo, hi, nb in add:
-                            if lo <= hi:
-                                P2[lo:hi + 1] += nb
-                        for s in done:
-                            P2 = finalize(P2, s, g2[s])
-                    key = np.maximum.reduceat(P2, cut)
-                    if floor is not None:
-                        if int(key.max()) > budget:
-                            continue
-                        key = np.maximum(key, floor)
-                    sig = (tuple(sorted(f2.items())),
-                           tuple(sorted((s, e) for s, e in g2.items() if s < i)))
-                    bucket = nxt.get(sig)
-                    if bucket is None:
-                        bucket = nxt[sig] = _Bucket(len(key))
-                    bucket.offer(key, 0.0 if feasible_only else cost + extra, P2,
-                                 plan | {i} if c == RECOMPUTE else plan)
-        level = {sig: bucket.states() for sig, bucket in nxt.items()}
+                    key = np.maximum(key, floor)
+                filled += [] if bucket.n else [kind]   # (by first state: ties as before)
+                bucket.offer(key, 0.0 if feasible_only else cost + extra, P2,
+                             None if plan is None else plan | {i} if c == RECOMPUTE else plan,
+                             relax_bytes)
+        level = {(tuple(sorted(kinds[kind][0].items())), tuple(sorted(kinds[kind][1].items()))):
+                 nxt[kind][2].states() for kind in filled}
         size = sum(len(v) for v in level.values())
         most = max(most, size)
         if size > state_limit:
