@@ -146,12 +146,31 @@ def serve(spec):
         step, info = _optimizer_runner(*args), None
     print("STEP " + json.dumps(info), flush=True)
     for line in sys.stdin:
-        out = []
-        for _ in range(int(line)):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            got = step()
-            out.append([got, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before])
-        print("STEP " + json.dumps(out), flush=True)
+        print("STEP " + json.dumps(_block(step, int(line))), flush=True)
+
+
+def _block(step, n):
+    """``n`` steps in a row: [(what ``step`` gives, the minor page faults of it)]."""
+    out = []
+    for _ in range(n):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        got = step()
+        out.append([got, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before])
+    return out
+
+
+class _Here:
+    """``_Alone``'s runner in this process (the eager-only processes: what they
+    compare is this process's history)."""
+
+    def __init__(self, mode, case, fresh):
+        self.step, self.info = _runner(mode, case, fresh)
+
+    def __call__(self, n):
+        return _block(self.step, n)
+
+    def close(self):
+        pass
 
 
 def _rounds(runners, reps):
@@ -169,12 +188,14 @@ def _rounds(runners, reps):
     return got
 
 
-def measure_case(case, reps, modes):
+def measure_case(case, reps, modes, here=False):
     """Medians of forward, backward and step per mode and parameter kind, each mode
-    in a process of its own (``_Alone``), taking turns (``_rounds``)."""
+    in a process of its own (``_Alone``; ``here``: in this one), taking turns
+    (``_rounds``)."""
     out = {}
     for fresh in (False, True) if len(modes) > 1 else (False,):
-        alone = {m: _Alone("case", m, case, fresh) for m in modes}
+        alone = {m: _Here(m, case, fresh) if here else _Alone("case", m, case, fresh)
+                 for m in modes}
         if not fresh and "c" in modes:   # glibc told to keep freed memory
             alone[KEPT] = _Alone("case", "c", case, fresh, env=MALLOC_KEEPS)
         times = {m: [(f, b, faults) for (f, b), faults in got]
@@ -290,7 +311,7 @@ def worker(reps, cases, eager_only=None, opt_cases=()):
     results = {}
     for case in cases:
         n = max(5, reps // 10) if case in ("large_mlp", "transformer") else reps
-        results[case] = measure_case(case, n, modes)
+        results[case] = measure_case(case, n, modes, here=bool(eager_only))
     return results
 
 
