@@ -114,14 +114,14 @@ def test_node_api():
 
 def _collect_both_ways(loss, inputs=None):
     from compiled_autograd.autograd import engine
-    from compiled_autograd.compiled import compiled_args
+    from compiled_autograd.compiled import collection
     roots = engine.make_root_grads([loss], None, False)
     edges = None if inputs is None else engine.edges_of(inputs, "inputs")
     out = []
     for record in (True, False):
         task = engine.make_task(roots, keep_graph=True, create_graph=False, input_edges=edges,
                                 accumulate=inputs is None)
-        out.append(compiled_args.collect(task, roots, record=record))
+        out.append(collection.collect(task, roots, record=record))
     return out
 
 

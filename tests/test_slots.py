@@ -8,7 +8,7 @@ from compiled_autograd.autograd import engine
 from compiled_autograd.autograd import node as _node
 from compiled_autograd.autograd.node import SavedVariable
 from compiled_autograd.autograd.tensor_base import TensorBase
-from compiled_autograd.compiled import compiled_args
+from compiled_autograd.compiled import collection
 from compiled_autograd.runtime import slots
 
 from helpers import BACKENDS
@@ -40,7 +40,7 @@ def _saved_values():
     loss = z.sum()
     roots = engine.make_root_grads([loss], None, False)
     task = engine.make_task(roots, keep_graph=True, create_graph=False)
-    collected = compiled_args.collect(task, roots, record=False)
+    collected = collection.collect(task, roots, record=False)
     return loss, collected.saved
 
 

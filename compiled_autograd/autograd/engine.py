@@ -140,18 +140,15 @@ class GraphTask:
         self.captures = {}       # (node, input_nr) -> capture index
         self._root_fns = [fn for (fn, _), _ in roots]
         # nodes: every reachable node, discovery order; index: node -> its rank in
-        # discovery (first sight) order; edges: per node, (rank, input_nr) or None
-        # per next function; _ranked: the nodes in rank order.
+        # discovery (first sight) order; _ranked: the nodes in rank order.
         self._discover()
 
     def _discover(self):
-        """Every node reachable from the roots (depth first), each node's rank (the
-        order of first sight) and its edges as (rank, input_nr)."""
-        root_fns = self._root_fns
-        self.nodes, self.index, self.edges, self._ranked = [], {}, [], []
-        index, stack, nodes, all_edges = self.index, [], self.nodes, self.edges
-        ranked = self._ranked
-        for fn in root_fns:
+        """Every node reachable from the roots (depth first) and each node's rank
+        (the order of first sight)."""
+        self.nodes, self.index, self._ranked = [], {}, []
+        index, stack, nodes, ranked = self.index, [], self.nodes, self._ranked
+        for fn in self._root_fns:
             if fn not in index:
                 index[fn] = len(ranked)
                 ranked.append(fn)
@@ -159,28 +156,22 @@ class GraphTask:
         while stack:
             fn = stack.pop()
             nodes.append(fn)
-            edges = []
-            for nxt, nr in fn.next_functions:
-                if nxt is None:
-                    edges.append(None)
-                    continue
-                rank = index.get(nxt)
-                if rank is None:
-                    rank = index[nxt] = len(ranked)
+            for nxt, _ in fn.next_functions:
+                if nxt is not None and nxt not in index:
+                    index[nxt] = len(ranked)
                     ranked.append(nxt)
                     stack.append(nxt)
-                edges.append((rank, nr))
-            all_edges.append(edges)
 
     @property
     def dependencies(self) -> dict:
         """node -> the number of edges into it (only the walks need it)."""
         if self._dependencies is None:
             counts = [0] * len(self._ranked)
-            for edges in self.edges:
-                for edge in edges:
-                    if edge is not None:
-                        counts[edge[0]] += 1
+            index = self.index
+            for fn in self.nodes:
+                for nxt, _ in fn.next_functions:
+                    if nxt is not None:
+                        counts[index[nxt]] += 1
             self._dependencies = {fn: n for fn, n in zip(self._ranked, counts) if n}
         return self._dependencies
 

@@ -151,8 +151,11 @@ class FunctionBackward(Node):
             args.collect_saved(sv)
 
     def _user_attrs(self):
-        return sorted((k, v) for k, v in self.__dict__.items()
-                      if not k.startswith("_") and k not in _NODE_ATTRS)
+        attrs = [(k, v) for k, v in self.__dict__.items()
+                 if k[0] != "_" and k not in _NODE_ATTRS]
+        if len(attrs) > 1:
+            attrs.sort()
+        return attrs
 
     def apply_with_saved(self, grads, saved):
         if self._forward_cls.inline_backward:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.tensor import Tensor
-from compiled_autograd.compiled import cache, compiled_args, hook_calls, tracer
+from compiled_autograd.compiled import cache, collection, hook_calls, tracer
 from compiled_autograd.compiled.backends import resolve_backend
 from compiled_autograd.compiled.graph_module import GraphModule
 from compiled_autograd.compiled.cache import (Family, ensure_handler, families, lock, log,
@@ -147,7 +147,7 @@ def backward_on(loss, backend) -> None:
 def _prepare(roots, input_edges, accumulate, record=True):
     task = engine.make_task(roots, keep_graph=True, create_graph=False,
                             input_edges=input_edges, accumulate=accumulate)
-    collected = compiled_args.collect(task, roots, record)
+    collected = collection.collect(task, roots, record)
     return task, collected, collected.freeze()
 
 
@@ -285,7 +285,7 @@ def lookup(roots, input_edges, accumulate, context):
             family.over_limit(sizes)     # warns once: this backward runs eagerly
             return task, collected, None
         # The tracer needs to know where each value sits: collect again, recording.
-        collected = compiled_args.collect(task, roots, record=True)
+        collected = collection.collect(task, roots, record=True)
         entry = _compile_miss(cache_key, family, collected, task, roots, input_edges, context)
     else:
         stats["cache_hits"] += 1

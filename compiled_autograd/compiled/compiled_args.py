@@ -1,10 +1,5 @@
-"""Collecting compiled args: the key and the runtime values of a backward.
-
-``collect`` walks the autograd graph and lets every node, in the key's canonical
-order (``canonical_order``: the nodes in the order they were made, then the leaves,
-then the roots), write its ``compiled_args``, its hooks and its edges into a
-``CompiledNodeArgs`` (``collect_node``). Below: the two objects of the
-compiled-autograd Node contract (PyTorch's names).
+"""The two objects of the compiled-autograd Node contract (PyTorch's names).
+``collection.collect`` walks the graph and has every node write into the first.
 
 ``CompiledNodeArgs`` is what ``Node.compiled_args(args)`` writes into. It collects,
 node by node in that order, (1) the *key* of the backward -- node types, non-tensor
@@ -25,12 +20,8 @@ import contextlib
 
 import numpy as np
 
-from compiled_autograd.autograd import engine
-from compiled_autograd.autograd import hooks as _hooks
-from compiled_autograd.autograd.node import (AccumulateGrad, PrimBackward, SavedVariable,
-                                             accumulate_into, plain_array)
+from compiled_autograd.autograd.node import SavedVariable, accumulate_into
 from compiled_autograd.autograd.recipe import Kept, Recipe, check_backend
-from compiled_autograd.compiled.cache_key import Key
 from compiled_autograd.runtime.prims import index_param_names
 
 
@@ -298,8 +289,9 @@ class CompiledNodeArgs:
                        self.after_run):
             values.clear()
 
-    def freeze(self) -> "Key":
-        return Key(self.key)
+    def freeze(self) -> tuple:
+        """The cache key: the key items as one tuple (hashed and compared in C)."""
+        return tuple(self.key)
 
 
 _SHAPE_SPLITS: dict = {}   # a node's input shapes -> (ndims, their sizes flat): they repeat
@@ -404,170 +396,3 @@ class SwapSavedVariables:
 
     def accumulate_grad(self, variable, grad) -> None:
         accumulate_into(variable, grad)
-
-
-# -------------------------------------------------------------- hooks of a node
-
-def node_hooks(fn):
-    """(kind, input_nr, callable) of every hook around ``fn``, in eager's order:
-    tensor pre-hooks and retain_grad, node pre-hooks, post-accumulate-grad hooks,
-    node post-hooks."""
-    d = fn.__dict__
-    variable = _hooks.leaf_of(fn)
-    if variable is not None and not d and not variable._backward_hooks:
-        # (the common case: a leaf whose only hooks are post-accumulate-grad hooks)
-        post = variable._post_accumulate_grad_hooks
-        if not post:
-            return []
-        if len(post) == 1:
-            (h,) = post.values()
-            return [("post_acc_grad_hook", None, h)]
-        return [("post_acc_grad_hook", None, h) for h in post.values()]
-    out = []
-    per_output = d.get("_tensor_pre_hooks")
-    if variable is not None and variable._backward_hooks:
-        per_output = {0: variable._backward_hooks}
-    if per_output:
-        for nr, hooks in per_output.items():
-            out += [("tensor_pre_hook", nr, h) for h in hooks.values()]
-    retains = d.get("_retains_grad")
-    if retains:
-        retainers = d.setdefault("_retainer_fns", {})
-        for nr, refs in retains.items():
-            for key, ref in refs.items():
-                # One closure per retained tensor, so both walks see the same callable.
-                fn_ = retainers.get((nr, key, id(ref)))
-                if fn_ is None:
-                    fn_ = retainers[(nr, key, id(ref))] = _retainer(ref)
-                out.append(("tensor_pre_hook", nr, fn_))
-    pre = d.get("_pre_hooks")
-    if pre:
-        out += [("pre_hook", None, h) for h in pre.values()]
-    if variable is not None and variable._post_accumulate_grad_hooks:
-        out += [("post_acc_grad_hook", None, h)
-                for h in variable._post_accumulate_grad_hooks.values()]
-    post = d.get("_post_hooks")
-    if post:
-        out += [("post_hook", None, h) for h in post.values()]
-    return out
-
-
-def _retainer(ref):
-    """retain_grad as a tensor hook that stores the gradient and changes nothing."""
-    def retain_grad(grad):
-        t = ref()
-        if t is not None:
-            _hooks.retain(t, grad._data)
-    return retain_grad
-
-
-# -------------------------------------------------------------- the collection walk
-#
-# The key lists nodes in one canonical order: the nodes that are not AccumulateGrad
-# in the order they were made (sequence number), then the leaves' AccumulateGrad nodes in
-# the order the nodes before them first point to them, then the roots. An edge
-# names its target by distance in that order, (made k nodes earlier, input_nr),
-# or as ("leaf", j, input_nr).
-
-def canonical_order(task, roots):
-    """(nodes, leaves, edges, position): the non-leaf nodes in creation order, the
-    AccumulateGrad nodes in first-reference order, each node's encoded edges, and
-    ``position(fn)``: a root's name in the key (its distance from the newest node,
-    or ("leaf", j))."""
-    nodes = sorted((fn for fn in task.nodes if not fn.accumulates_grad), key=_made)
-    rank = {id(fn): i for i, fn in enumerate(nodes)}
-    leaves: dict = {}
-    edges = []
-    for i, fn in enumerate(nodes):
-        edges.append(tuple([encode_edge(i, nxt, nr, rank, leaves)
-                            for nxt, nr in fn.next_functions]))
-    for (fn, _), _ in roots:
-        if fn.accumulates_grad and fn not in leaves:
-            leaves[fn] = len(leaves)
-    last = len(nodes) - 1
-
-    def position(fn):
-        i = rank.get(id(fn))
-        return last - i if i is not None else ("leaf", leaves[fn])
-    return nodes, list(leaves), edges, position
-
-
-def _made(fn):
-    return fn._sequence_nr
-
-
-def encode_edge(i, nxt, nr, rank, leaves):
-    """Node ``i``'s edge to ``nxt`` as the key names it (``rank``: id of a non-leaf
-    node -> its position, KeyError for another; ``leaves``: AccumulateGrad -> j,
-    grown in first-reference order)."""
-    if nxt is None:
-        return None
-    if nxt.accumulates_grad:
-        j = leaves.get(nxt)
-        if j is None:
-            j = leaves[nxt] = len(leaves)
-        return ("leaf", j, nr)
-    return (i - rank[id(nxt)], nr)
-
-
-def collect(task, roots, record=True):
-    """The key and runtime values of this backward, the nodes in the canonical
-    order above. Runtime values are found again by identity, so the trace may
-    visit in eager's order. ``record=False`` (a cache hit) skips noting where each
-    value sits, which only the tracer needs."""
-    args = CompiledNodeArgs(record)
-    nodes, leaves, edges, position = canonical_order(task, roots)
-    exec_info = task.exec_info
-    captures = task.captures
-    captured_fns = {fn for fn, _ in captures}
-    for fn, fn_edges in zip(nodes + leaves, edges + [()] * len(leaves)):
-        runs = True
-        if exec_info is not None:
-            # Not every node runs: the key says which (by position) and whether.
-            runs = exec_info.get(fn, False)
-            if not runs and fn not in captured_fns:
-                continue
-            args.key.append(("node", position(fn), runs))
-        collect_node(args, fn, fn_edges, runs)
-    collect_roots(args, roots, position)
-    if captures:
-        # An input the roots do not reach (allow_unused) is captured by no node:
-        # its gradient is None. Only its position is part of the key.
-        reached = tuple(sorted(((position(fn), nr, tuple(idx))
-                                for (fn, nr), idx in captures.items() if fn in task.index),
-                               key=repr))
-        unreached = tuple(sorted(i for (fn, _), idx in captures.items()
-                                 if fn not in task.index for i in idx))
-        args.collect(("captures", reached, unreached))
-    return args
-
-
-def collect_roots(args, roots, position) -> None:
-    """The roots: where each gradient enters (``position``), its dtype and sizes."""
-    grads = [g if type(g) is np.ndarray else np.asarray(g) for _, g in roots]
-    args.collect(("roots", tuple([(position(fn), nr, g.dtype)
-                                  for ((fn, nr), _), g in zip(roots, grads)])))
-    for i, g in enumerate(grads):
-        args.collect_sizes((g.shape,), owner=("root", i))
-
-
-def collect_node(args, fn, edges, runs=True):
-    """One node's hooks, compiled args and edges."""
-    args.node = fn
-    traced = False
-    if _hooks.has_hooks(fn):
-        leaf = _hooks.leaf_of(fn)
-        for kind, nr, h in node_hooks(fn):
-            if runs or kind == "tensor_pre_hook":
-                traced |= args.collect_hook(kind, nr, h, leaf)
-    if runs:
-        if not traced:    # (a traced hook takes the gradient: nothing is accumulated)
-            fn.compiled_args(args)
-        if engine.needs_validation(fn):
-            # What user code must return: symbolic where dynamic, as the sizes
-            # the returned gradients are checked against (tracer.visit).
-            args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
-        if not isinstance(fn, (PrimBackward, AccumulateGrad)):   # hold saved values
-            args.release_nodes.append(fn)
-        args.key.append(("edges", edges))
-    args.node = None

@@ -1,6 +1,6 @@
 """The tracer: records a whole backward as one graph.
 
-On a cache miss (after ``compiled_args.collect`` gave the key and the runtime
+On a cache miss (after ``collection.collect`` gave the key and the runtime
 values), ``trace`` walks the autograd graph with ``Proxy`` gradients: each node's
    ``apply_with_saved`` runs its ordinary derivative formula, whose prim calls land
    in the graph; saved values come from ``getitem(inputs, i)`` or, under
@@ -17,8 +17,9 @@ import numpy as np
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.compiled.cache import ensure_handler, log, log_flags
+from compiled_autograd.compiled.collection import node_hooks
 from compiled_autograd.compiled.compiled_args import (INDEX_PARAMS, CompiledNodeArgs,
-                                                      SwapSavedVariables, node_hooks)
+                                                      SwapSavedVariables)
 from compiled_autograd.ir import graph as ir
 from compiled_autograd.ir.graph import BOXED, Graph
 from compiled_autograd.autograd.node import AccumulateGrad
