@@ -95,7 +95,7 @@ class FunctionBackward(Node):
         if not isinstance(result, tuple):
             result = (result,)
         n = len(self.next_functions)
-        if len(result) < n or any(r is not None for r in result[n:]):
+        if len(result) != n and (len(result) < n or any(r is not None for r in result[n:])):
             raise RuntimeError(f"function {self.name()} returned an incorrect number of "
                                f"gradients (expected {n}, got {len(result)})")
         out = []
@@ -131,24 +131,26 @@ class FunctionBackward(Node):
     # falling back to the node when that fails.
 
     def compiled_args(self, args) -> None:
-        args.collect(self._forward_cls)  # keyed by class identity
-        args.collect(self.needs_input_grad)
-        args.collect(self.materialize_grads)
+        saved = self._saved or ()
+        # the class (by identity), its flags, which saved values are None
+        head = (self._forward_cls, self.needs_input_grad, self.materialize_grads,
+                tuple([sv is None for sv in saved]))
         args.collect_hook("call_backward", None, self)   # the ctx the node calls with
-        args.collect(tuple(sv is None for sv in (self._saved or ())))   # Nones saved
         if not self._forward_cls.inline_backward:
             # Which gradients a backward returns as None is traced into its graph
             # (compiled.api learns it); a flag on ctx often decides it: key them.
-            args.collect(tuple((k, v) for k, v in self._user_attrs()
-                               if v is None or v.__class__ is bool))
+            args.collect(head + tuple([(k, v) for k, v in self._user_attrs()
+                                       if v is None or v.__class__ is bool]))
         else:
+            args.collect(head)
             args.collect_sizes(self._output_shapes(), owner=self)
             for key, value in self._user_attrs():
                 # What a traced backward reads from ctx is baked into the graph:
                 # key it by value.
                 args.collect((key, _freeze(value, args)))
-        for sv in self.saved_variables():
-            args.collect_saved(sv)
+        for sv in saved:
+            if sv is not None:
+                args.collect_saved(sv)
 
     def _user_attrs(self):
         attrs = [(k, v) for k, v in self.__dict__.items()
@@ -199,9 +201,12 @@ class FunctionBackward(Node):
         self._swapped = tuple([None if a is None else self._saved_tensor(sv, a)
                                for sv, a in zip(self._saved, saved)])
         make = Tensor._make
-        # (an array for every gradient, the common case: none to materialize)
-        grads_in = ([make(g) for g in grads] if all(type(g) is np.ndarray for g in grads)
-                    else self._grads_in(grads))
+        grads_in = []
+        for g in grads:
+            if type(g) is not np.ndarray:    # (a gradient to materialize)
+                grads_in = self._grads_in(grads)
+                break
+            grads_in.append(make(g))
         try:
             result = self._forward_cls.backward(self, *grads_in)
         finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compiled_autograd.autograd import engine
 from compiled_autograd.autograd.tensor import Tensor
@@ -44,6 +44,8 @@ class CompiledBackward:
     backward_calls: dict = None
     # per call into Python, the saved values read after it (passes.saved_reads_after_callbacks)
     version_checks: tuple = ()
+    # the cache's Family of its structure (set on a miss)
+    family: object = field(default=None, repr=False, compare=False)
 
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
@@ -179,7 +181,7 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         return list(engine.execute_here(roots, retain_graph, False, input_edges, accumulate,
                                         make=Tensor._make))
     calls_python = bool(entry.backward_calls)      # (a graph with call_backward nodes)
-    family = families.get(entry.key) if calls_python else None
+    family = entry.family if calls_python else None
     if family is not None and not family.nones_seen:
         # Custom backwards run as Python: which gradients they return as None is
         # known once they ran. The structure's first backward runs eagerly, and
@@ -315,6 +317,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, context,
                              len(input_edges or ()), family.dynamic, family.none_masks)
+    entry.family = family
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
     # (each guard once: a traced update records the same ones for every parameter)

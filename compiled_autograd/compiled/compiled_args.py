@@ -76,14 +76,12 @@ class CompiledNodeArgs:
         ``owner`` (a node, a saved variable, ...) lets the tracer find them again."""
         if owner is not None and self.record:
             self.size_pos[owner if owner.__class__ is tuple else id(owner)] = len(self.sizes)
-        ndims = []
-        for s in shapes:
-            if s is None:
-                ndims.append(None)
-            else:
-                ndims.append(len(s))
-                self.sizes.extend(s)  # numpy shapes: tuples of Python ints
-        self.key.append(("sizes", tuple(ndims)))
+        shapes = tuple(shapes)    # (numpy shapes: tuples of Python ints; or None)
+        split = _SHAPE_SPLITS.get(shapes)
+        if split is None:
+            split = _shape_split(shapes)
+        self.sizes.extend(split[1])
+        self.key.append(("sizes", split[0]))
 
     def collect_params(self, params, owner) -> None:
         """A prim's static params. Their ints (shape arguments, dims, offsets) are

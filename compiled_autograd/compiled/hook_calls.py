@@ -154,7 +154,10 @@ def call_backward(ctx, takes, n_saved, *values):
     none), or raises for an unexpected one (its graph has no use for it: going on
     would lose a gradient)."""
     grads = ctx.backward_with(values[:n_saved], values[n_saved:])
-    if all((g is not None) == t for g, t in zip(grads, takes)):
+    for g, t in zip(grads, takes):
+        if (g is not None) != t:
+            break
+    else:
         return grads
     seen = getattr(_learned, "seen", None)
     if seen is not None:
