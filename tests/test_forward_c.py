@@ -26,12 +26,11 @@ def fast():
 
 def on_path(path, fn):
     """``fn()`` with the forward on ``path`` ("c" or "reference")."""
-    saved = dispatch._fast[0]
-    dispatch._fast[0] = saved if path == "c" else None
+    dispatch.use_forward_path(path)
     try:
         return fn()
     finally:
-        dispatch._fast[0] = saved
+        dispatch.use_forward_path("c")
 
 
 class Describer:
@@ -176,7 +175,7 @@ def _in_fresh_process(script):
     outs = []
     for path in ("c", "reference"):
         head = ("from compiled_autograd.autograd import dispatch\n"
-                + ("dispatch._fast[0] = None\n" if path == "reference" else ""))
+                + f"dispatch.use_forward_path({path!r})\n")
         done = subprocess.run([sys.executable, "-c", head + textwrap.dedent(script)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (path, done.returncode, done.stderr[-2000:])

@@ -9,6 +9,8 @@ of its base, through a CopySlices node.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from compiled_autograd.autograd import grad_mode, saved_hooks
@@ -128,9 +130,9 @@ def make_view(data, source):
 
 def apply_prim(prim, args, params, make):
     """Run ``prim`` on Tensor (or scalar) arguments; record history if needed.
-    ``make`` is Tensor._make (Tensor's ``__prim_call__`` passes it). In C
-    (runtime/forward.c) where it is built; ``apply_prim_reference`` otherwise,
-    and for every case the C hands back."""
+    ``make`` is Tensor._make. In C (runtime/forward.c) where it is built;
+    ``apply_prim_reference`` otherwise, and for every case the C hands back.
+    (``Tensor.__prim_call__`` is the C path itself, or this: ``use_forward_path``.)"""
     fast = _fast[0]
     if fast is None:
         return apply_prim_reference(prim, args, params, make)
@@ -172,8 +174,27 @@ _fast: list = [None]
 
 
 def set_tensor_type(tensor_type) -> None:
-    """Tensor (tensor.py) hands its class over: the C path makes results of it."""
-    _fast[0] = _c_forward.forward(*forward_config(tensor_type))
+    """Tensor (tensor.py) hands its class over: the C path makes results of it,
+    and is its ``__prim_call__`` (``use_forward_path``)."""
+    _tensor_type[0] = tensor_type
+    _built[0] = _c_forward.forward(*forward_config(tensor_type))
+    use_forward_path("c")
+
+
+_tensor_type: list = [None]
+_built: list = [None]      # the C path, when it is built
+
+
+def use_forward_path(path) -> None:
+    """Tensor ops on ``path``: "c", the C path where it is built (then it is
+    ``Tensor.__prim_call__`` itself: no Python call between an op and the C), or
+    "reference" (``apply_prim_reference``, as where the C is not built)."""
+    if path not in ("c", "reference"):
+        raise ValueError(f"use_forward_path: path must be 'c' or 'reference', got {path!r}")
+    tensor_type = _tensor_type[0]
+    _fast[0] = _built[0] if path == "c" else None
+    tensor_type.__prim_call__ = staticmethod(
+        _fast[0] if _fast[0] is not None else partial(apply_prim, make=tensor_type._make))
 
 
 def forward_config(tensor_type):

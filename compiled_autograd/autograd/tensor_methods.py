@@ -108,28 +108,28 @@ def _binary(name):
     p = PRIMS[name]
 
     def op(self, other):
-        if _unchanged(self, other):
-            # (what _promote and the prim's dispatch would do, without their calls)
-            return _call_binary(p, self, other, type(self).__prim_call__)
+        cls = other.__class__
+        # The hot path: where _promote would leave the pair as it is and self's
+        # type handles the call -- ``other`` a Python int, a Python float beside a
+        # floating tensor, a tensor of the same type and dtype --, the call
+        # itself, as _call_binary makes it.
+        if (cls is int or (cls is float and self.dtype.kind in _FLOAT_KINDS)
+                or (cls is self.__class__ and other.dtype == self.dtype)):
+            try:
+                return self.__class__.__prim_call__(p, (self, other), {})
+            except ValueError:
+                err = _broadcast_error(self, other)
+                if err is None:
+                    raise
+                raise err from None
         return _call_binary(p, *_promote(self, other))
 
     def rop(self, other):
-        if _unchanged(self, other):
-            return _call_binary(p, other, self, type(self).__prim_call__)
+        cls = other.__class__
+        if cls is int or (cls is float and self.dtype.kind in _FLOAT_KINDS):
+            return _call_binary(p, other, self, self.__class__.__prim_call__)
         return _call_binary(p, *_promote(other, self))
     return op, rop
-
-
-def _unchanged(tensor, other) -> bool:
-    """Whether ``_promote`` leaves ``(tensor, other)`` as they are and ``tensor``'s
-    type handles the prim call: ``other`` a Python int, a Python float beside a
-    floating tensor, or a tensor of the same type and dtype."""
-    cls = other.__class__
-    if cls is int:
-        return True
-    if cls is float:
-        return tensor.dtype.kind in _FLOAT_KINDS
-    return cls is tensor.__class__ and other.dtype == tensor.dtype
 
 
 
