@@ -13,7 +13,6 @@ before the next call -- only if anything was written in place since it started
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import warnings
@@ -29,20 +28,25 @@ from compiled_autograd.autograd.tensor_base import VersionCounter
 _versions = threading.local()
 
 
-@contextlib.contextmanager
-def checking_versions(checks, plain, kept=()):
-    """While a compiled backward runs: ``checks[k]``, the values read after its k-th
-    call into Python and before the next (``passes.saved_reads_after_callbacks``):
-    saved values (``plain[i]``) and kept arrays of a memory plan (``kept[j]``, their
-    ``KeptVersion``)."""
-    stack = getattr(_versions, "stack", None)
-    if stack is None:
-        stack = _versions.stack = []
-    stack.append([checks, (plain, kept), 0, VersionCounter.writes])
-    try:
-        yield
-    finally:
-        stack.pop()
+class checking_versions:
+    """While a compiled backward runs (a context manager): ``checks[k]``, the
+    values read after its k-th call into Python and before the next
+    (``passes.saved_reads_after_callbacks``): saved values (``plain[i]``) and kept
+    arrays of a memory plan (``kept[j]``, their ``KeptVersion``)."""
+
+    __slots__ = ("checks", "values")
+
+    def __init__(self, checks, plain, kept=()):
+        self.checks, self.values = checks, (plain, kept)
+
+    def __enter__(self):
+        stack = getattr(_versions, "stack", None)
+        if stack is None:
+            stack = _versions.stack = []
+        stack.append([self.checks, self.values, 0, VersionCounter.writes])
+
+    def __exit__(self, *exc):
+        _versions.stack.pop()
 
 
 def checking() -> bool:
@@ -191,16 +195,20 @@ def _listed(positions):
 _learned = threading.local()
 
 
-@contextlib.contextmanager
-def learning():
+class learning:
     """Collect (ctx, which gradients it returned as None) of every custom
-    backward that returned Nones unlike its graph, during one run."""
-    previous = getattr(_learned, "seen", None)
-    _learned.seen = seen = []
-    try:
-        yield seen
-    finally:
-        _learned.seen = previous
+    backward that returned Nones unlike its graph, during one run (a context
+    manager: ``with learning() as seen``)."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self):
+        self.previous = getattr(_learned, "seen", None)
+        _learned.seen = seen = []
+        return seen
+
+    def __exit__(self, *exc):
+        _learned.seen = self.previous
 
 
 def store(dst, src):
