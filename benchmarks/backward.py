@@ -8,7 +8,12 @@ once for ca and torch) whose backward runs as Python (``custom_fn_python``: a
 call_backward node) or is traced into the graph (``custom_fn_inlined``:
 ``inline_backward = True``);
 medians, at 1 thread and at the default thread count (each in a fresh process,
-since BLAS threads are fixed at start-up). Compiled times are whole cache hits
+since BLAS threads are fixed at start-up). Each mode's backwards run in a process
+of its own, as a user runs one library, the modes taking turns by blocks of
+backwards in a row (``alone.py``, as step.py: in one process, one library's
+allocations change how many pages the other's backwards fault in); the capture,
+the cache hit alone and the GEMM floor are measured in a process where torch is
+never imported. Compiled times are whole cache hits
 (collecting the autograd graph's compiled args, looking up, running the code);
 capture+codegen and the cache hit alone (walking the graph for the compiled args
 and looking the key up) are reported too, and the C build time of the transformer's backward: cold (a fresh cache
@@ -29,6 +34,7 @@ over threads.)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -43,6 +49,7 @@ FLOOR_CASES = ("large_mlp", "transformer")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (the cases, written once)
+from alone import Alone, rounds, torch_threads  # noqa: E402
 
 
 def _functional(lib, case):
@@ -88,40 +95,59 @@ def _ca_setup(case):
     return ex.loss, ex.parameters()
 
 
+def _timed_backward(make_loss, params, run):
+    """Seconds of ``run(loss)`` on a fresh forward's loss (not timed); the
+    gradients dropped after it."""
+    loss = make_loss()
+    start = time.perf_counter()
+    run(loss)
+    elapsed = time.perf_counter() - start
+    for p in params:
+        p.grad = None
+    return elapsed
+
+
 def _median_backward(make_loss, params, reps, run):
-    times = []
-    for i in range(reps + 3):
-        loss = make_loss()
-        start = time.perf_counter()
-        run(loss)
-        elapsed = time.perf_counter() - start
-        for p in params:
-            p.grad = None
-        if i >= 3:
-            times.append(elapsed)
-    return statistics.median(times)
+    times = [_timed_backward(make_loss, params, run) for _ in range(reps + 3)]
+    return statistics.median(times[3:])
+
+
+MODES = ("eager", "graph:eager", "graph:python", "graph:c", "torch")
+
+
+def backward_runner(mode, case):
+    """(step(): the seconds of one backward, its forward not timed, None): a runner
+    of ``alone.py``. ``mode``: ca's eager engine, a compiled backend, or torch."""
+    if mode == "torch":
+        import torch
+        torch_threads(torch)
+        make_loss, params = _torch_setup(case)
+        run = lambda loss: loss.backward()  # noqa: E731
+    else:
+        from compiled_autograd.compiled.api import backward_on
+        make_loss, params = _ca_setup(case)
+        backend = None if mode == "eager" else mode.split(":")[1]
+        run = lambda loss: backward_on(loss, backend)  # noqa: E731
+
+    return (lambda: _timed_backward(make_loss, params, run)), None
 
 
 def measure(reps):
-    """One process: every case and mode; returns {case: {mode: seconds}}."""
+    """Every case at this process's thread count; returns {case: {mode: seconds}}.
+    The backward of each mode runs in a process of its own, the modes taking turns
+    (``alone.py``); the rest (capture, cache hit, GEMM floor) runs here, where
+    torch is never imported."""
     import compiled_autograd as ca
-    from compiled_autograd.compiled.api import backward_on
-    try:
-        import torch
-        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
-                              torch.get_num_threads())
-    except ImportError:
-        torch = None
+    modes = MODES if importlib.util.find_spec("torch") is not None else MODES[:-1]
     out = {}
     for case in CASES:
         n = max(3, reps // 10) if case in ("large_mlp", "transformer") else reps
+        runners = {m: Alone("backward:backward_runner", m, case) for m in modes}
+        got = rounds(runners, n)
+        for r in runners.values():
+            r.close()
+        row = {m: statistics.median(t for t, _ in got[m]) for m in modes}
         make_loss, params = _ca_setup(case)
-        row = {"eager": _median_backward(make_loss, params, n, lambda loss: loss.backward())}
-        for backend in ("eager", "python", "c"):
-            ca.reset_compiled_autograd()
-
-            row[f"graph:{backend}"] = _median_backward(
-                make_loss, params, n, lambda loss, backend=backend: backward_on(loss, backend))
         ca.reset_compiled_autograd()
         loss = make_loss()
         start = time.perf_counter()
@@ -132,9 +158,6 @@ def measure(reps):
         row["cache hit alone"] = _cache_hit_time(make_loss, n)
         if case in FLOOR_CASES:
             row.update(_beside_floor(case, n, make_loss, params))
-        if torch is not None:
-            t_loss, t_params = _torch_setup(case)
-            row["torch"] = _median_backward(t_loss, t_params, n, lambda loss: loss.backward())
         out[case] = row
     return out
 
@@ -255,8 +278,11 @@ def main():
                               check=True)
         results[threads] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; medians of {args.reps} (large MLP and transformer: "
-          f"{max(3, args.reps // 10)})")
+          f"{platform.python_version()}; load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg())
+          + f"; medians of about {args.reps} (large MLP and transformer: "
+          f"{max(3, args.reps // 10)}); each mode's backwards in a process of its own, "
+          "the modes taking turns by blocks of backwards")
     modes = ["eager", "graph:eager", "graph:python", "graph:c", "torch"]
     for threads, res in results.items():
         print(f"\nthreads: {threads}")

@@ -44,10 +44,10 @@ matmuls alone (numpy, the same shapes), measured in turns with the "c" step.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -67,15 +67,19 @@ KEPT = "c kept"
 MALLOC_KEEPS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 import models  # noqa: E402
+from alone import Alone, Here, rounds, torch_threads  # noqa: E402
 from models import SIZES, count_nodes, model, wrap  # noqa: E402
+
+RUNNER = "step:case_runner"    # (alone.py makes each mode's runner by this name)
 
 
 # ---------------------------------------------------------------- measuring
 
-def _runner(mode, case, fresh):
+def case_runner(mode, case, fresh):
     """(step(): (forward seconds, backward seconds), number of forward nodes)."""
     if mode == "torch":
         import torch as lib
+        torch_threads(lib)
         backward = lambda loss: loss.backward()  # noqa: E731
     else:
         import compiled_autograd as lib
@@ -102,108 +106,22 @@ def _runner(mode, case, fresh):
     return step, nodes
 
 
-class _Alone:
-    """A step runner (``_runner`` or ``_optimizer_runner``, by ``kind``) in a process
-    of its own, as a user runs one library: one library's allocations do not change
-    how the C allocator serves the other's (in one process, torch's steps kept
-    glibc from giving back the memory that ca's steps then faulted in again), and
-    the interpreter's caches are its own. Called with ``n``, it runs ``n`` steps in a
-    row there: [(what the runner gives, the minor page faults of that step)]."""
-
-    def __init__(self, kind, *args, env=None):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve",
-                                      json.dumps([kind, args])], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True,
-                                     env=None if env is None else {**os.environ, **env})
-        self.info = self._read()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            if line.startswith("STEP "):
-                return json.loads(line[5:])
-        sys.exit(f"step server failed: {self.proc.wait()}")
-
-    def __call__(self, n):
-        self.proc.stdin.write(f"{n}\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
-
-
-def serve(spec):
-    """The child of ``_Alone``: makes the runner, then runs the steps asked for."""
-    kind, args = json.loads(spec)
-    if args[0] == "torch":
-        import torch
-        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
-                              torch.get_num_threads())
-    if kind == "case":
-        step, info = _runner(*args)
-    else:
-        step, info = _optimizer_runner(*args), None
-    print("STEP " + json.dumps(info), flush=True)
-    for line in sys.stdin:
-        print("STEP " + json.dumps(_block(step, int(line))), flush=True)
-
-
-def _block(step, n):
-    """``n`` steps in a row: [(what ``step`` gives, the minor page faults of it)]."""
-    out = []
-    for _ in range(n):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        got = step()
-        out.append([got, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before])
-    return out
-
-
-class _Here:
-    """``_Alone``'s runner in this process (the eager-only processes: what they
-    compare is this process's history)."""
-
-    def __init__(self, mode, case, fresh):
-        self.step, self.info = _runner(mode, case, fresh)
-
-    def __call__(self, n):
-        return _block(self.step, n)
-
-    def close(self):
-        pass
-
-
-def _rounds(runners, reps):
-    """{mode: [(what its runner gives, faults)] * about ``reps``}: the modes take
-    turns, each running a block of steps in a row, as in a training loop (the first
-    step of each block, after the others' turns, is not kept), after 5 warm-up
-    steps each."""
-    block = 10 if reps >= 50 else 4
-    for r in runners.values():
-        r(5)
-    got = {m: [] for m in runners}
-    for _ in range(-(-reps // block)):
-        for m, r in runners.items():
-            got[m] += r(block + 1)[1:]
-    return got
-
-
 def measure_case(case, reps, modes, here=False):
     """Medians of forward, backward and step per mode and parameter kind, each mode
-    in a process of its own (``_Alone``; ``here``: in this one), taking turns
-    (``_rounds``)."""
+    in a process of its own (``alone.Alone``; ``here``: in this one), taking turns
+    (``alone.rounds``)."""
     out = {}
     for fresh in (False, True) if len(modes) > 1 else (False,):
-        alone = {m: _Here(m, case, fresh) if here else _Alone("case", m, case, fresh)
-                 for m in modes}
+        runners = {m: Here(RUNNER, m, case, fresh) if here else Alone(RUNNER, m, case, fresh)
+                   for m in modes}
         if not fresh and "c" in modes:   # glibc told to keep freed memory
-            alone[KEPT] = _Alone("case", "c", case, fresh, env=MALLOC_KEEPS)
+            runners[KEPT] = Alone(RUNNER, "c", case, fresh, env=MALLOC_KEEPS)
         times = {m: [(f, b, faults) for (f, b), faults in got]
-                 for m, got in _rounds(alone, reps).items()}
-        for r in alone.values():
+                 for m, got in rounds(runners, reps).items()}
+        for r in runners.values():
             r.close()
         kind = "fresh" if fresh else "reused"
-        for m, step in alone.items():
+        for m, step in runners.items():
             fw = statistics.median(t[0] for t in times[m])
             bw = statistics.median(t[1] for t in times[m])
             st = statistics.median(t[0] + t[1] for t in times[m])
@@ -211,18 +129,18 @@ def measure_case(case, reps, modes, here=False):
                                   "nodes": step.info,
                                   "faults": statistics.median(t[2] for t in times[m])}
     if case == "large_mlp" and "c" in modes and "torch" in modes:
-        out["floor"] = _step_floor(case, reps, _runner("c", case, False)[0])
+        out["floor"] = _step_floor(case, reps, case_runner("c", case, False)[0])
     return out
 
 
-def _optimizer_runner(mode, case, name, options):
-    """step(): one training step with the update (seconds)."""
+def optimizer_runner(mode, case, name, options):
+    """(step(): one training step with the update (seconds), None)."""
     if mode == "torch":
         import torch as lib
+        torch_threads(lib)
         backward = lambda loss: loss.backward()  # noqa: E731
-        make = lambda params: getattr(torch.optim, name)(params, foreach=True,  # noqa: E731
-                                                            **options)
-        import torch
+        make = lambda params: getattr(lib.optim, name)(params, foreach=True,  # noqa: E731
+                                                          **options)
     else:
         import compiled_autograd as lib
         from compiled_autograd.compiled.api import backward_on
@@ -242,15 +160,15 @@ def _optimizer_runner(mode, case, name, options):
         opt.step()
         opt.zero_grad()
         return time.perf_counter() - start
-    return step
+    return step, None
 
 
 def measure_optimizers(case, reps, modes):
     """Medians of a step with each optimizer per mode, the modes taking turns."""
     out = {}
     for name, options in OPTIMIZERS:
-        runners = {m: _Alone("optimizer", m, case, name, options) for m in modes}
-        times = {m: [t for t, _ in got] for m, got in _rounds(runners, reps).items()}
+        runners = {m: Alone("step:optimizer_runner", m, case, name, options) for m in modes}
+        times = {m: [t for t, _ in got] for m, got in rounds(runners, reps).items()}
         for r in runners.values():
             r.close()
         out[name] = {m: statistics.median(times[m]) for m in modes}
@@ -289,13 +207,9 @@ def _step_floor(case, reps, step, rounds=3):
 
 
 def worker(reps, cases, eager_only=None, opt_cases=()):
-    try:
-        import torch
-        torch.set_num_threads(int(os.environ.get("CA_BENCH_THREADS", "0")) or
-                              torch.get_num_threads())
-        modes = MODES
-    except ImportError:
-        modes = MODES[1:]
+    # (torch is imported in its own runners' processes only, not here: the large
+    # MLP's floor and the eager-only steps run in this one)
+    modes = MODES if importlib.util.find_spec("torch") is not None else MODES[1:]
     if opt_cases:
         opt_modes = OPT_MODES if "torch" in modes else OPT_MODES[1:]
         return {case: measure_optimizers(
@@ -411,10 +325,7 @@ def main():
     parser.add_argument("--optimizer-cases", default=",".join(OPT_CASES),
                         help="cases measured with an optimizer (empty: none)")
     parser.add_argument("--optimizers-only", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        return serve(args.serve)
     cases = [c for c in args.cases.split(",") if c]
     opt_cases = [c for c in args.optimizer_cases.split(",") if c]
     unknown = (set(cases) | set(opt_cases)) - set(CASES)

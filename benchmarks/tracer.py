@@ -35,7 +35,6 @@ def collect_and_lookup(loss, options):
 def warm(loss):
     """Compile ``loss``'s backward (backend "eager") into the cache; the options
     to look it up with."""
-    import compiled_autograd as ca
     options = ca.compiled_backward(backend="eager")
     compiled.lookup(_roots(loss), None, True, options)
     return options
