@@ -261,3 +261,26 @@ def test_a_config_the_c_cannot_write_safely_is_refused(fast):
         config[at] = plans
         with pytest.raises(TypeError, match=message):
             c_forward.forward(*config)
+
+
+def test_use_forward_path_sets_what_tensor_ops_call(fast):
+    """``dispatch.use_forward_path``: on "c" a Tensor op calls the C forward itself
+    (Tensor.__prim_call__ is it); on "reference" the Python reference, which then
+    records the same graph; anything else is refused and changes nothing."""
+    from compiled_autograd.autograd.tensor import Tensor
+    assert Tensor.__dict__["__prim_call__"].__func__ is fast
+    x = ca.tensor([1.0, 2.0], requires_grad=True)
+    dispatch.use_forward_path("reference")
+    try:
+        assert Tensor.__dict__["__prim_call__"].__func__ is not fast
+        assert dispatch._fast[0] is None
+        y = x * 3.0
+        assert y.grad_fn.name() == "MulBackward"
+    finally:
+        dispatch.use_forward_path("c")
+    assert Tensor.__dict__["__prim_call__"].__func__ is fast
+    with pytest.raises(ValueError, match="path must be 'c' or 'reference'"):
+        dispatch.use_forward_path("fast")
+    assert Tensor.__dict__["__prim_call__"].__func__ is fast
+    y.sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]
