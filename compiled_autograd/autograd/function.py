@@ -132,17 +132,21 @@ class FunctionBackward(Node):
 
     def compiled_args(self, args) -> None:
         saved = self._saved or ()
-        # the class (by identity), its flags, which saved values are None
+        # The class (by identity), its flags, which saved values are None: the
+        # node's first key item, led by the class (cache.miss_reason names a node
+        # by its first item's type).
         head = (self._forward_cls, self.needs_input_grad, self.materialize_grads,
                 tuple([sv is None for sv in saved]))
-        args.collect_hook("call_backward", None, self)   # the ctx the node calls with
-        if not self._forward_cls.inline_backward:
+        inline = self._forward_cls.inline_backward
+        if not inline:
             # Which gradients a backward returns as None is traced into its graph
             # (compiled.api learns it); a flag on ctx often decides it: key them.
             args.collect(head + tuple([(k, v) for k, v in self._user_attrs()
                                        if v is None or v.__class__ is bool]))
         else:
             args.collect(head)
+        args.collect_hook("call_backward", None, self)   # the ctx the node calls with
+        if inline:
             args.collect_sizes(self._output_shapes(), owner=self)
             for key, value in self._user_attrs():
                 # What a traced backward reads from ctx is baked into the graph:

@@ -14,6 +14,7 @@ Backends are resolved in ``backends``; the cache, its stats and logs are ``cache
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -44,8 +45,9 @@ class CompiledBackward:
     backward_calls: dict = None
     # per call into Python, the saved values read after it (passes.saved_reads_after_callbacks)
     version_checks: tuple = ()
-    # the cache's Family of its structure (set on a miss)
-    family: object = field(default=None, repr=False, compare=False)
+    # the cache's Family of its structure, a weak reference (set on a miss; the
+    # Family holds its entries: no cycle, so that dropping the cache frees them)
+    family: object = field(default=lambda: None, repr=False, compare=False)
 
     def memory_schedule(self):
         """The planned schedule: live bytes after every node, the peak, what is
@@ -181,7 +183,7 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         return list(engine.execute_here(roots, retain_graph, False, input_edges, accumulate,
                                         make=Tensor._make))
     calls_python = bool(entry.backward_calls)      # (a graph with call_backward nodes)
-    family = entry.family if calls_python else None
+    family = entry.family() if calls_python else None
     if family is not None and not family.nones_seen:
         # Custom backwards run as Python: which gradients they return as None is
         # known once they ran. The structure's first backward runs eagerly, and
@@ -317,7 +319,7 @@ def _compile_miss(cache_key, family, collected, task, roots, input_edges, contex
             log.info(f"cache miss: sizes changed; dynamic now: {names}")
     entry, guards = _compile(task, roots, collected, cache_key, context,
                              len(input_edges or ()), family.dynamic, family.none_masks)
-    entry.family = family
+    entry.family = weakref.ref(family)
     # Sizes 0 and 1 were traced as constants; symbolic ones stay >= 2 (as torch).
     dynamic = {p for p in family.dynamic if sizes[p] > 1}
     # (each guard once: a traced update records the same ones for every parameter)
