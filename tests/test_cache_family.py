@@ -22,32 +22,34 @@ class Twice(ca.autograd.Function):
         return g, g
 
 
-def test_a_custom_function_new_at_a_position_is_named_by_the_miss_log(
-        monkeypatch, caplog, fresh_compiled_cache):
+def _miss_log(monkeypatch, caplog, first, second):
+    """The verbose log's messages of two compiled backwards: ``first(w, v)`` and
+    ``second(w, v)`` give the losses."""
     monkeypatch.setenv("CA_LOGS", "verbose")
     w = ca.tensor(np.arange(3.0), requires_grad=True)
     v = ca.tensor(np.ones(3), requires_grad=True)
     with caplog.at_level(logging.INFO, logger="compiled_autograd"):
         with ca.compiled_backward(backend="eager"):
-            Twice.apply(w * 1.0, v * 1.0).sum().backward()
-            # one node fewer: the custom Function's node is where a MulBackward was
-            Twice.apply(w * 1.0, v.detach() * 1.0).sum().backward()
-    misses = [r.getMessage() for r in caplog.records if "cache miss" in r.getMessage()]
+            first(w, v).sum().backward()
+            second(w, v).sum().backward()
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_custom_function_new_at_a_position_is_named_by_the_miss_log(
+        monkeypatch, caplog, fresh_compiled_cache):
+    # one node fewer: the custom Function's node is where a MulBackward was
+    log = _miss_log(monkeypatch, caplog, lambda w, v: Twice.apply(w * 1.0, v * 1.0),
+                    lambda w, v: Twice.apply(w * 1.0, v.detach() * 1.0))
+    misses = [m for m in log if "cache miss" in m]
     assert misses == ["cache miss: empty cache",
                       "cache miss: new autograd node Twice (NodeCall 1)"]
 
 
 def test_a_changed_flag_of_a_custom_function_is_named_by_its_class(
         monkeypatch, caplog, fresh_compiled_cache):
-    monkeypatch.setenv("CA_LOGS", "verbose")
-    w = ca.tensor(np.arange(3.0), requires_grad=True)
-    v = ca.tensor(np.ones(3), requires_grad=True)
-    with caplog.at_level(logging.INFO, logger="compiled_autograd"):
-        with ca.compiled_backward(backend="eager"):
-            Twice.apply(w, v).sum().backward()
-            Twice.apply(w, v.detach()).sum().backward()   # needs_input_grad changed
-    (miss,) = [r.getMessage() for r in caplog.records
-               if r.getMessage().startswith("cache miss: changed")]
+    log = _miss_log(monkeypatch, caplog, lambda w, v: Twice.apply(w, v),
+                    lambda w, v: Twice.apply(w, v.detach()))   # needs_input_grad changed
+    (miss,) = [m for m in log if m.startswith("cache miss: changed")]
     assert miss.startswith("cache miss: changed args of Twice (NodeCall 0): ")
 
 

@@ -1,8 +1,9 @@
 """From a prim call on Tensors to a result Tensor and, when needed, an autograd Node.
 
 ``apply_prim`` (what ``Tensor.__prim_call__`` is, in C where it is built:
-``use_forward_path``) runs the prim's kernel on the arrays, wraps the result (a view Tensor when the kernel aliased its input), and records a
-``<Prim>Backward`` node holding what the prim's save spec asks for. ``apply_inplace``
+``use_forward_path``) runs the prim's kernel on the arrays, wraps the result (a
+view Tensor when the kernel aliased its input), and records a ``<Prim>Backward``
+node holding what the prim's save spec asks for. ``apply_inplace``
 is the same for ``x.op_(...)``: it writes the result into ``x``'s storage, bumps the
 shared version counter and rebases the history of ``x`` -- and, when ``x`` is a view,
 of its base, through a CopySlices node.

@@ -158,7 +158,7 @@ class FunctionBackward(Node):
 
     def _user_attrs(self):
         attrs = [(k, v) for k, v in self.__dict__.items()
-                 if k[0] != "_" and k not in _NODE_ATTRS]
+                 if k[:1] != "_" and k not in _NODE_ATTRS]
         if len(attrs) > 1:
             attrs.sort()
         return attrs
