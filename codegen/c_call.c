@@ -34,9 +34,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
+
+#include "../runtime/pool.h"
 
 typedef int (*ca_callback)(int site, void **results, int *done);
 typedef int (*backward_fn)(void **in, void **out, char *arena, const int64_t *sizes,
@@ -371,71 +370,31 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
     return fixed;
 }
 
-/* An output array. One of 4 MB or more (a large gradient) gets memory aligned to
-   2 MB and asks for huge pages: a fresh gradient's pages are faulted in as the
-   backward first writes them, and a 4 MB array of 4 kB pages is ~1000 faults, of
-   2 MB pages ~2 (benchmarks/c_breakdown.py counts them). The array owns nothing;
-   its base, a capsule, gives the memory back. numpy's tracemalloc domain sees it
-   as it sees numpy's own buffers.
+/* The caching allocator (runtime/pool.c), or NULL: numpy's own and malloc. The
+   arena and every array of the pool's size or more (a large gradient, an arena
+   block) come from it: a training step drops its gradients
+   (zero_grad(set_to_none)) and the next backward makes them again, and a kept
+   block costs neither page faults nor the kernel's zeroing of fresh pages. */
+static const PoolApi *pool;
 
-   Given back, such a block is kept for the next call (a training step drops its
-   gradients, zero_grad(set_to_none), and the next backward makes them again):
-   reused, it costs neither page faults nor the kernel's zeroing of fresh pages.
-   At most CACHE_BLOCKS blocks of CACHE_BYTES in all; a request takes the smallest
-   kept block that holds it and is at most twice its size. ``release_memory()``
-   frees them. Under the GIL: the call and the capsule's destructor both hold it. */
-#define HUGE_ALIGN ((size_t)2 << 20)
-#define NUMPY_TRACE_DOMAIN 389047
-#define CACHE_BLOCKS 32
-#define CACHE_BYTES ((size_t)256 << 20)
-
-static struct { void *p; size_t size; } cache[CACHE_BLOCKS];
-static int n_cached;
-static size_t cached_bytes;
-
-/* A kept block for ``*size`` bytes (then ``*size`` is the block's), or NULL: the
-   smallest that fits, the last kept of those (its pages are the likeliest in
-   cache). The others keep their order. */
-static void *take_cached(size_t *size)
-{
-    int best = -1;
-    for (int k = n_cached - 1; k >= 0; k--)
-        if (cache[k].size >= *size && cache[k].size / 2 <= *size
-            && (best < 0 || cache[k].size < cache[best].size))
-            best = k;
-    if (best < 0)
-        return NULL;
-    void *p = cache[best].p;
-    *size = cache[best].size;
-    cached_bytes -= cache[best].size;
-    memmove(&cache[best], &cache[best + 1], (size_t)(n_cached - best - 1) * sizeof cache[0]);
-    n_cached--;
-    return p;
-}
-
-static void free_huge(PyObject *capsule)
-{
-    void *p = PyCapsule_GetPointer(capsule, "compiled_autograd.huge");
-    size_t size = (size_t)(uintptr_t)PyCapsule_GetContext(capsule);
-    PyTraceMalloc_Untrack(NUMPY_TRACE_DOMAIN, (uintptr_t)p);
-    if (size > 0 && n_cached < CACHE_BLOCKS && cached_bytes + size <= CACHE_BYTES) {
-        cache[n_cached].p = p;
-        cache[n_cached++].size = size;
-        cached_bytes += size;
-    } else {
-        free(p);
-    }
-}
-
-static PyObject *release_memory(PyObject *module, PyObject *unused)
+static PyObject *use_allocator(PyObject *module, PyObject *capsule)
 {
     (void)module;
-    (void)unused;
-    size_t freed = cached_bytes;
-    while (n_cached > 0)
-        free(cache[--n_cached].p);
-    cached_bytes = 0;
-    return PyLong_FromSize_t(freed);
+    if (pool_api_from(capsule, &pool) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* An uninitialised C-contiguous array, from the pool when it is large. */
+static PyObject *empty_array(int nd, npy_intp const *dims, int type, size_t nbytes)
+{
+    PyObject *previous = NULL;
+    if (pool != NULL && nbytes >= pool->min_bytes && (previous = pool->enter()) == NULL)
+        return NULL;
+    PyObject *arr = PyArray_EMPTY(nd, (npy_intp *)dims, type, 0);
+    if (previous != NULL && pool->leave(previous) < 0)
+        Py_CLEAR(arr);
+    return arr;
 }
 
 static PyObject *output_array(const Layout *l)
@@ -448,38 +407,28 @@ static PyObject *output_array(const Layout *l)
         return NULL;
     size_t nbytes = (size_t)n * (size_t)PyDataType_ELSIZE(descr);
     Py_DECREF(descr);
-    if (nbytes < ((size_t)4 << 20))
-        return PyArray_EMPTY(l->ndim, l->dims, l->type, 0);
-    size_t size = (nbytes + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
-    void *p = take_cached(&size);
-    if (p == NULL) {
-        if (posix_memalign(&p, HUGE_ALIGN, size) != 0)
-            return PyErr_NoMemory();
-#ifdef MADV_HUGEPAGE
-        (void)madvise(p, size, MADV_HUGEPAGE);     /* a hint: no huge pages is fine */
-#endif
-    }
-    PyTraceMalloc_Track(NUMPY_TRACE_DOMAIN, (uintptr_t)p, nbytes);
-    PyObject *capsule = PyCapsule_New(p, "compiled_autograd.huge", free_huge);
-    if (capsule == NULL) {
-        PyTraceMalloc_Untrack(NUMPY_TRACE_DOMAIN, (uintptr_t)p);
+    return empty_array(l->ndim, l->dims, l->type, nbytes);
+}
+
+/* The call's arena: raw memory, seen by tracemalloc as PyMem_RawMalloc's is. */
+static char *arena_alloc(size_t bytes)
+{
+    char *p = pool != NULL ? pool->alloc(bytes) : malloc(bytes);
+    if (p == NULL)
+        return NULL;
+    PyTraceMalloc_Track(0, (uintptr_t)p, bytes);
+    return p;
+}
+
+static void arena_free(char *p)
+{
+    if (p == NULL)
+        return;
+    PyTraceMalloc_Untrack(0, (uintptr_t)p);
+    if (pool != NULL)
+        pool->free(p);
+    else
         free(p);
-        return NULL;
-    }
-    if (PyCapsule_SetContext(capsule, (void *)(uintptr_t)size) < 0) {
-        Py_DECREF(capsule);         /* (no size: free_huge frees the block) */
-        return NULL;
-    }
-    PyObject *arr = PyArray_SimpleNewFromData(l->ndim, (npy_intp *)l->dims, l->type, p);
-    if (arr == NULL) {
-        Py_DECREF(capsule);
-        return NULL;
-    }
-    if (PyArray_SetBaseObject((PyArrayObject *)arr, capsule) < 0) {   /* (steals it) */
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return arr;
 }
 
 /* The numbers of a list as a C array (PyMem; NULL with no error when empty). */
@@ -560,7 +509,7 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     if ((r->reads_sizes && read_numbers(sizes, 0, &size_arr) < 0)
         || (r->reads_scalars && read_numbers(scalars, 1, &scalar_arr) < 0))
         goto done;
-    if ((arena = PyMem_RawMalloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
+    if ((arena = arena_alloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -612,7 +561,7 @@ done:
     PyMem_Free(refs);
     PyMem_Free(size_arr);
     PyMem_Free(scalar_arr);
-    PyMem_RawFree(arena);
+    arena_free(arena);
     return result;
 }
 
@@ -631,8 +580,9 @@ static PyTypeObject RunnerType = {
 };
 
 static PyMethodDef methods[] = {
-    {"release_memory", release_memory, METH_NOARGS,
-     "Free the large outputs' blocks kept for reuse; returns their bytes."},
+    {"use_allocator", use_allocator, METH_O,
+     "The caching allocator's capsule (runtime/pool.py) large arrays and the arena "
+     "come from, or None: numpy's own and malloc."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_call", NULL, -1, methods,

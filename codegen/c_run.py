@@ -46,20 +46,15 @@ from compiled_autograd.codegen.python import compile_graph as python_backend
 from compiled_autograd.autograd.node import accumulate_into
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
 from compiled_autograd.ir.symbolic import resolve
-from compiled_autograd.runtime import cbuild, cthreads, memory
+from compiled_autograd.runtime import cbuild, cthreads, memory, pool
 from compiled_autograd.runtime.extension import Extension
 
 C_CALL = Extension("_c_call", (Path(__file__).with_name("c_call.c"),
                                Path(__file__).with_name("c_sites.c")), "the C call",
-                   "CA_C_CALL", numpy_headers=True)
+                   "CA_C_CALL", numpy_headers=True,
+                   on_load=lambda module: module.use_allocator(pool.api()))
 
 
-def release_memory() -> int:
-    """Free the blocks of large gradients the C call keeps for the next backward
-    (at most 256 MB; c_call.c, ``output_array``), as torch.cuda.empty_cache frees
-    its cache; returns their bytes."""
-    module = C_CALL.loaded()
-    return module.release_memory() if module is not None else 0
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                             ctypes.POINTER(ctypes.c_int))
 

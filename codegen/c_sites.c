@@ -133,7 +133,7 @@ static int flush(Call *c, Py_ssize_t upto)
 static PyObject *new_block(npy_intp bytes)
 {
     npy_intp n = bytes > 0 ? bytes : 1;
-    return PyArray_SimpleNew(1, &n, NPY_UINT8);
+    return empty_array(1, &n, NPY_UINT8, (size_t)n);
 }
 
 static int run_ops(Call *c, const int *op, const Py_ssize_t *arg, Py_ssize_t n)

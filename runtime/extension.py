@@ -29,7 +29,7 @@ from compiled_autograd.runtime.cbuild import CBuildError, build_extension
 log = logging.getLogger("compiled_autograd")
 
 
-_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.]+)"\s*$')
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_./]+)"\s*$')
 
 
 def _pasted(path: Path) -> str:
@@ -39,7 +39,7 @@ def _pasted(path: Path) -> str:
         if match is None:
             out.append(line)
             continue
-        out.append(_pasted(path.with_name(match.group(1))))
+        out.append(_pasted((path.parent / match.group(1)).resolve()))
         out.append(f'#line {number + 1} "{path.name}"\n')
     return "".join(out)
 
@@ -57,7 +57,7 @@ class Extension:
 
     def source(self) -> str:
         """The one translation unit: each file behind a ``#line`` directive, and
-        each ``#include "name"`` of a file beside it pasted in (so that the
+        each ``#include "path"`` of a project file (relative to the including one) pasted in (so that the
         header's text, e.g. ca_math.h, is part of the source and of its hash)."""
         return "".join(_pasted(path) for path in self.sources)
 

@@ -24,6 +24,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "pool.h"
+
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
 /* Tensor fields, in the order of TENSOR_SLOTS (forward.py). */
@@ -397,6 +399,26 @@ static int unusual(Forward *f)
     return hooked;
 }
 
+/* The caching allocator (runtime/pool.c) a prim's result is made under, or NULL:
+   numpy's own. Only where an argument is as large as the pool's blocks (then
+   its result likely is too): entering and leaving cost ~0.4 us, and small
+   arrays come from malloc's bins anyway, without page faults. */
+static const PoolApi *pool;
+
+static PyObject *use_allocator(PyObject *module, PyObject *capsule)
+{
+    (void)module;
+    if (pool_api_from(capsule, &pool) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"use_allocator", use_allocator, METH_O,
+     "The caching allocator's capsule (runtime/pool.py) large results are made "
+     "under, or None: numpy's own."},
+    {NULL, NULL, 0, NULL}};
+
 static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
 {
     PyObject *prim, *args, *params;
@@ -429,9 +451,13 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     PyObject *arrays = PyTuple_New(n);
     if (arrays == NULL)
         return NULL;
+    int pooled = 0;     /* an argument as large as the pool's blocks */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i);
-        PyTuple_SET_ITEM(arrays, i, Py_NewRef(is_tensor(f, a) ? SLOT(a, f->t[T_DATA]) : a));
+        PyObject *data = is_tensor(f, a) ? SLOT(a, f->t[T_DATA]) : a;
+        pooled |= pool != NULL && PyArray_Check(data)
+                  && (size_t)PyArray_NBYTES((PyArrayObject *)data) >= pool->min_bytes;
+        PyTuple_SET_ITEM(arrays, i, Py_NewRef(data));
     }
     PyObject *kernel = SLOT(prim, f->kernel);
     if (kernel == NULL) {
@@ -440,15 +466,21 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         return NULL;
     }
     Py_INCREF(kernel);      /* (the kernel may replace itself) */
+    PyObject *numpy_handler = NULL;      /* the result's memory from the pool */
+    if (pooled && (numpy_handler = pool->enter()) == NULL) {
+        Py_DECREF(kernel);
+        Py_DECREF(arrays);
+        return NULL;
+    }
     PyObject *out = PyObject_Call(kernel, arrays, PyDict_GET_SIZE(params) ? params : NULL);
     Py_DECREF(kernel);
     Py_DECREF(arrays);
-    if (out == NULL)
-        return NULL;
-    if (!PyArray_CheckExact(out))                   /* np.asarray: a base-class array */
+    if (out != NULL && !PyArray_CheckExact(out))    /* np.asarray: a base-class array */
         Py_SETREF(out, PyArray_FromAny(out, NULL, 0, 0, NPY_ARRAY_ENSUREARRAY, NULL));
     if (out != NULL && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
         Py_SETREF(out, PyArray_NewCopy((PyArrayObject *)out, NPY_CORDER));
+    if (numpy_handler != NULL && pool->leave(numpy_handler) < 0)
+        Py_CLEAR(out);
     if (out == NULL)
         return NULL;
     PyObject *result = new_tensor(f, out);
@@ -693,7 +725,7 @@ static PyTypeObject ForwardType = {
     .tp_call = (ternaryfunc)forward_call,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forward", NULL, -1, NULL,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forward", NULL, -1, module_methods,
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__forward(void)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compiled_autograd.runtime import pool
 from compiled_autograd.runtime.extension import Extension
 
 FORWARD = Extension("_forward", (Path(__file__).with_name("forward.c"),),
-                    "the forward's C path", "CA_C_FORWARD", numpy_headers=True)
+                    "the forward's C path", "CA_C_FORWARD", numpy_headers=True,
+                    on_load=lambda module: module.use_allocator(pool.api()))
 
 # The fields forward.c writes, in its enums' order.
 TENSOR_SLOTS = ("_data", "_requires_grad", "_grad_fn", "_output_nr", "_version_counter",

@@ -145,13 +145,13 @@ ASAN_SCRIPT = textwrap.dedent("""
     # the two backward libraries, the C call that runs the MLP's backward (it has
     # no callbacks; the checkpointed one has), the saved values' hand-over
     # (runtime/slots.c), the forward's C path (runtime/forward.c) and its kernels
-    # (runtime/kernels.c: GELU, layer_norm, softmax), and the threads library
-    # (runtime/cthreads.c), if OpenMP works
+    # (runtime/kernels.c: GELU, layer_norm, softmax), the caching allocator
+    # (runtime/pool.c), and the threads library (runtime/cthreads.c), if OpenMP works
     threads = int(cthreads.openmp()[0])
-    assert len(libs) == 6 + threads, libs
+    assert len(libs) == 7 + threads, libs
     assert [sum(p.name.startswith(f"{m}_") for p in libs)
-            for m in ("_c_call", "_slots", "_forward", "_kernels", "ca_threads")
-            ] == [1, 1, 1, 1, threads]
+            for m in ("_c_call", "_slots", "_forward", "_kernels", "_pool", "ca_threads")
+            ] == [1, 1, 1, 1, 1, threads]
     assert all(b"__asan_" in p.read_bytes() for p in libs), "not built with ASan"
     print("ASAN-OK")
 """ % (TRANSFORMER, MLP))
@@ -176,6 +176,36 @@ def test_address_sanitizer_finds_no_errors(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert "ERROR: AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0 and "ASAN-OK" in done.stdout, done.stderr[-4000:]
+
+
+POOL_OVERFLOW_SCRIPT = textwrap.dedent("""
+    import ctypes
+    import numpy as np
+    import compiled_autograd as ca
+    x = ca.tensor(np.ones(40_000, np.float32), requires_grad=True)
+    y = (x * 2.0).sin().detach().numpy()         # from the pool (runtime/pool.c)
+    assert np._core.multiarray.get_handler_name(y) == "compiled_autograd_pool"
+    print("WRITING", flush=True)
+    ctypes.memset(y.ctypes.data + y.nbytes, 0, 4)  # past its end, inside its block's class
+    print("NOT-CAUGHT", flush=True)
+""")
+
+
+def test_address_sanitizer_catches_an_overflow_inside_a_pooled_block(tmp_path):
+    """The pool poisons what a taken block holds past the bytes asked for."""
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("libasan not found (gcc -print-file-name=libasan.so)")
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               CA_CACHE_DIR=str(tmp_path / "cache"), CC="gcc",
+               CA_C_EXTRA_FLAGS="-fsanitize=address -fno-omit-frame-pointer",
+               PYTHONPATH=str(ROOT))
+    env.pop("CA_C_FALLBACK", None)
+    done = subprocess.run([sys.executable, "-c", POOL_OVERFLOW_SCRIPT], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert "WRITING" in done.stdout, done.stderr[-4000:]
+    assert "NOT-CAUGHT" not in done.stdout
+    assert "ERROR: AddressSanitizer: use-after-poison" in done.stderr, done.stderr[-4000:]
 
 
 # ---------------------------------------------------------------- 4. build cache

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import compiled_autograd as ca
-from compiled_autograd.codegen.c_run import C_CALL, CBackward, release_memory
+from compiled_autograd.codegen.c_run import C_CALL, CBackward
 from compiled_autograd.compiled import api as compiled
 from compiled_autograd.compiled import cache
 from compiled_autograd.autograd import engine
@@ -301,84 +301,3 @@ def test_the_call_compiles_without_warnings(tmp_path):
 def test_switched_off_by_its_environment_variable():
     assert status_with("CA_C_CALL", "compiled_autograd.codegen.c_run", "C_CALL") == \
         "None python: disabled by CA_C_CALL=0"
-
-
-def test_a_large_gradient_is_huge_page_memory_that_frees_with_its_array():
-    """An output of 4 MB or more is allocated 2 MB-aligned, with a huge-page hint
-    (its pages are not faulted in 4 kB at a time): as .grad it equals the Python
-    path's bit for bit, numpy's tracemalloc domain sees it, and it is freed when
-    the array goes."""
-    import tracemalloc
-    w = ca.tensor(np.linspace(-1.0, 1.0, 1024 * 1024, dtype=np.float32).reshape(1024, 1024),
-                  requires_grad=True)
-    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
-
-    def grad(runner):
-        w.grad = None
-        with contextlib.nullcontext() if runner else C_CALL.disabled():
-            with ca.compiled_backward(backend="c"):
-                (x @ w).tanh().sum().backward()
-        return w.grad.numpy()
-
-    grad(True)                                  # (compiles)
-    want = grad(False)
-    tracemalloc.start()
-    try:
-        got = grad(True)
-        np.testing.assert_array_equal(got, want)
-        assert got.ctypes.data % (2 << 20) == 0 and got.flags.c_contiguous
-        numpy_domain = tracemalloc.DomainFilter(True, 389047)
-        held = sum(t.size for t in tracemalloc.take_snapshot().filter_traces(
-            [numpy_domain]).traces if t.size == got.nbytes)
-        assert held >= got.nbytes
-        watched = weakref.ref(got)
-        del got
-        w.grad = None
-        assert watched() is None
-        after = sum(t.size for t in tracemalloc.take_snapshot().filter_traces(
-            [numpy_domain]).traces if t.size == 1024 * 1024 * 4)
-        assert after == held - 1024 * 1024 * 4
-    finally:
-        tracemalloc.stop()
-
-
-def test_a_large_gradients_block_is_kept_for_the_next_backward():
-    """A large output's block, given back (its .grad dropped), is reused by the
-    next backward (no fresh pages to fault in), and ``release_memory`` frees what
-    is kept."""
-    w = ca.tensor(np.linspace(-1.0, 1.0, 1024 * 1024, dtype=np.float32).reshape(1024, 1024),
-                  requires_grad=True)
-    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
-
-    def grad():
-        w.grad = None
-        with ca.compiled_backward(backend="c"):
-            (x @ w).tanh().sum().backward()
-        return w.grad.numpy()
-    release_memory()                            # (blocks earlier tests gave back)
-    first = grad().copy()                       # (compiles)
-    address = w.grad.numpy().ctypes.data
-    again = grad()
-    assert again.ctypes.data == address         # the block the first gradient gave back
-    np.testing.assert_array_equal(again, first)
-    del again
-    w.grad = None                               # (the block is kept again)
-    assert release_memory() >= 4 * 1024 * 1024
-    assert release_memory() == 0
-
-
-def test_at_most_32_large_blocks_are_kept():
-    """The kept blocks are bounded: 34 large gradients given back at once leave 32."""
-    ws = [ca.tensor(np.full((1024, 1024), 0.001 * k, dtype=np.float32), requires_grad=True)
-          for k in range(34)]
-    x = ca.tensor(np.ones((2, 1024), dtype=np.float32))
-    release_memory()
-    loss = ws[0].sum() * 0.0
-    for w in ws:
-        loss = loss + (x @ w).sum()
-    with ca.compiled_backward(backend="c"):
-        loss.backward()
-    assert all(w.grad.numpy().ctypes.data % (2 << 20) == 0 for w in ws)
-    for w in ws:
-        w.grad = None
-    assert release_memory() == 32 * 4 * 1024 * 1024

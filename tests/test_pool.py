@@ -1,0 +1,269 @@
+"""The caching allocator of compiled autograd's own arrays (runtime/pool.c): which
+arrays come from it, that a freed block is reused by the next step, the limit on
+what it keeps, ``empty_cache``, and the handler's malloc, calloc, realloc and free
+called directly (numpy calls them without the GIL: so do these, from threads)."""
+import contextlib
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+import compiled_autograd as ca
+from compiled_autograd.codegen.c_run import C_CALL
+from compiled_autograd.runtime import pool
+from helpers import needs_cc, status_with
+
+pytestmark = [needs_cc, pytest.mark.usefixtures("fresh_compiled_cache")]
+
+POOL_NAME = "compiled_autograd_pool"
+NUMPY_DOMAIN = 389047
+MB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _pool_on():
+    if not pool.POOL.enabled():
+        pytest.skip("CA_POOL=0")
+    pool.api()                         # (loaded)
+    yield
+    ca.memory.set_cache_limit(1 << 30)
+
+
+def handler_name(a):
+    return np._core.multiarray.get_handler_name(a)
+
+
+def big_weight(fill=None):
+    data = (np.linspace(-1.0, 1.0, MB, dtype=np.float32) if fill is None
+            else np.full(MB, fill, np.float32))
+    return ca.tensor(data.reshape(1024, 1024), requires_grad=True)
+
+
+def c_grad(w, x, runner=True):
+    """w's gradient from a compiled "c" backward of tanh(x @ w).sum()."""
+    w.grad = None
+    with contextlib.nullcontext() if runner else C_CALL.disabled():
+        with ca.compiled_backward(backend="c"):
+            (x @ w).tanh().sum().backward()
+    return w.grad.numpy()
+
+
+def test_a_large_gradient_comes_from_the_pool_and_goes_back_with_its_array():
+    """A 4 MB gradient: from the pool's handler, huge-page aligned, equal bit for bit to the Python
+    path's, seen in numpy's tracemalloc domain while alive; dropped, its block is
+    kept (in use -> cached) and tracemalloc no longer counts it."""
+    w = big_weight()
+    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
+    c_grad(w, x)                                    # (compiles)
+    want = c_grad(w, x, runner=False)
+    tracemalloc.start()
+    try:
+        got = c_grad(w, x)
+        np.testing.assert_array_equal(got, want)
+        assert handler_name(got) == POOL_NAME and got.flags.c_contiguous
+        assert got.ctypes.data % (2 << 20) == 0        # huge-page aligned
+        numpy_domain = tracemalloc.DomainFilter(True, NUMPY_DOMAIN)
+
+        def traced():
+            return sum(t.size for t in tracemalloc.take_snapshot().filter_traces(
+                [numpy_domain]).traces if t.size == 4 * MB)
+        held = traced()
+        assert held >= 4 * MB
+        before = pool.stats()
+        watched = weakref.ref(got)
+        del got
+        w.grad = None
+        assert watched() is None
+        after = pool.stats()
+        assert traced() == held - 4 * MB
+        assert after["in_use"] < before["in_use"]
+        assert after["cached"] - before["cached"] == before["in_use"] - after["in_use"]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_dropped_gradients_block_is_reused_by_the_next_backward():
+    w = big_weight()
+    x = ca.tensor(np.linspace(0.0, 1.0, 4 * 1024, dtype=np.float32).reshape(4, 1024))
+    c_grad(w, x)                                    # (compiles)
+    first = c_grad(w, x).copy()
+    assert handler_name(w.grad.numpy()) == POOL_NAME
+    address = w.grad.numpy().ctypes.data
+    misses = pool.stats()["misses"]
+    again = c_grad(w, x)
+    assert again.ctypes.data == address             # the block the first gradient gave back
+    assert pool.stats()["misses"] == misses
+    np.testing.assert_array_equal(again, first)
+    del again
+    w.grad = None
+    assert ca.memory.empty_cache() >= 4 * MB
+    assert ca.memory.empty_cache() == 0
+    assert pool.stats()["cached"] == 0
+
+
+def test_large_results_of_the_forward_come_from_the_pool_and_user_arrays_do_not():
+    big = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)
+    small = ca.tensor(np.ones(16, np.float32), requires_grad=True)
+    assert handler_name((big * 2.0).sin().detach().numpy()) == POOL_NAME
+    assert handler_name((small * 2.0).sin().detach().numpy()) != POOL_NAME
+    assert handler_name(np.ones(64 * 1024, np.float32)) != POOL_NAME
+    assert handler_name(np.ones(64 * 1024, np.float32) * 2.0) != POOL_NAME
+
+
+def test_a_training_step_after_the_first_makes_no_new_blocks():
+    """A step drops everything it made; the next finds every block kept."""
+    rng = np.random.default_rng(0)
+    model = ca.nn.Sequential(ca.nn.Linear(256, 512), ca.nn.Tanh(), ca.nn.Linear(512, 256))
+    x = ca.tensor(rng.standard_normal((128, 256)).astype(np.float32))
+
+    def step():
+        loss = (model(x) ** 2).mean()
+        with ca.compiled_backward(backend="c"):
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+    step()
+    step()
+    misses, hits = pool.stats()["misses"], pool.stats()["hits"]
+    for _ in range(3):
+        step()
+    assert pool.stats()["misses"] == misses
+    assert pool.stats()["hits"] > hits
+
+
+def test_the_limit_bounds_what_is_kept():
+    """Past the limit a block given back is freed; lowering the limit frees kept
+    blocks past it; a bad limit is refused."""
+    ws = [big_weight(0.001 * k) for k in range(6)]
+    x = ca.tensor(np.ones((2, 1024), dtype=np.float32))
+    ca.memory.empty_cache()
+    ca.memory.set_cache_limit(10 * MB)
+    loss = ws[0].sum() * 0.0
+    for w in ws:
+        loss = loss + (x @ w).sum()
+    with ca.compiled_backward(backend="c"):
+        loss.backward()
+    assert all(handler_name(w.grad.numpy()) == POOL_NAME for w in ws)
+    for w in ws:
+        w.grad = None
+    kept = pool.stats()["cached"]
+    assert 4 * MB <= kept <= 10 * MB
+    ca.memory.set_cache_limit(0)
+    assert pool.stats()["cached"] == 0
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="set_cache_limit: expected a number of bytes"):
+            ca.memory.set_cache_limit(bad)
+
+
+# ------------------------------------------------ the handler's functions, directly
+
+class _Allocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p),
+                ("malloc", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)),
+                ("calloc", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                            ctypes.c_size_t)),
+                ("realloc", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_size_t)),
+                ("free", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_size_t))]
+
+
+class _Handler(ctypes.Structure):       # numpy's PyDataMem_Handler
+    _fields_ = [("name", ctypes.c_char * 127), ("version", ctypes.c_uint8),
+                ("allocator", _Allocator)]
+
+
+@pytest.fixture
+def allocator():
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    handler = _Handler.from_address(get(pool.POOL.module().handler, b"mem_handler"))
+    assert handler.name == POOL_NAME.encode()
+    return handler.allocator
+
+
+def fill(p, n, byte):
+    ctypes.memset(p, byte, n)
+
+
+def read(p, n):
+    return ctypes.string_at(p, n)
+
+
+@pytest.mark.parametrize("n", [1, 100, 32 * 1024 - 1, 32 * 1024, 100_000, 5 * MB])
+def test_calloc_zeroes_even_a_reused_block(allocator, n):
+    p = allocator.malloc(None, n)
+    fill(p, n, 0xAB)
+    allocator.free(None, p, n)
+    q = allocator.calloc(None, n, 1)
+    assert read(q, n) == bytes(n)
+    assert q % 16 == 0 and (n < 32 * 1024 or q % 64 == 0)
+    allocator.free(None, q, n)
+
+
+@pytest.mark.parametrize("start,end", [(100, 200), (100, 40_000), (40_000, 100),
+                                       (40_000, 41_000), (40_000, 400_000),
+                                       (400_000, 40_000), (400_000, 5 * MB)])
+def test_realloc_keeps_the_data(allocator, start, end):
+    p = allocator.malloc(None, start)
+    pattern = bytes(range(256)) * (start // 256) + bytes(range(start % 256))
+    ctypes.memmove(p, pattern, start)
+    q = allocator.realloc(None, p, end)
+    keep = min(start, end)
+    assert read(q, keep) == pattern[:keep]
+    fill(q, end, 1)                               # (all of it is writable)
+    allocator.free(None, q, end)
+
+
+def test_the_lists_hold_under_threads(allocator):
+    """Four threads allocating and freeing at once (ctypes calls release the GIL,
+    as numpy's allocations may): every block comes back, none is handed out twice."""
+    sizes = [40_000, 70_000, 300_000, 1_000_000]
+    start = pool.stats()["in_use"]
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        held = []
+        try:
+            for i in range(400):
+                n = int(sizes[rng.integers(len(sizes))])
+                p = allocator.malloc(None, n)
+                ctypes.memset(p, seed, 64)
+                held.append((p, n))
+                if len(held) > 8:
+                    q, m = held.pop(int(rng.integers(len(held))))
+                    if read(q, 64) != bytes([seed]) * 64:
+                        errors.append("a block was written by another thread")
+                    allocator.free(None, q, m)
+        finally:
+            for q, m in held:
+                allocator.free(None, q, m)
+    threads = [threading.Thread(target=work, args=(k + 1,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert pool.stats()["in_use"] == start
+
+
+def test_switched_off_by_its_environment_variable():
+    assert status_with("CA_POOL", "compiled_autograd.runtime.pool", "POOL") == \
+        "None python: disabled by CA_POOL=0"
+    code = ("import numpy as np, compiled_autograd as ca\n"
+            "x = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)\n"
+            "y = (x * 2.0).sin()\n"
+            "with ca.compiled_backward(backend='c'):\n"
+            "    y.sum().backward()\n"
+            "print(np._core.multiarray.get_handler_name(y.detach().numpy()),\n"
+            "      np._core.multiarray.get_handler_name(x.grad.numpy()),\n"
+            "      ca.memory.cache_stats()['misses'], ca.memory.empty_cache())\n")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CA_POOL="0"),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["default_allocator", "default_allocator", "0", "0"]
