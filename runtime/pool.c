@@ -320,7 +320,25 @@ static PyObject *set_limit(PyObject *module, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_enter(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return api_enter();
+}
+
+static PyObject *py_leave(PyObject *module, PyObject *previous)
+{
+    (void)module;
+    if (api_leave(Py_NewRef(previous)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"enter", py_enter, METH_NOARGS,
+     "Make the pool this context's numpy handler; returns the one before it."},
+    {"leave", py_leave, METH_O, "Make ``previous`` (what enter returned) the handler again."},
     {"empty_cache", empty_cache, METH_NOARGS,
      "Free the blocks kept for reuse; returns their bytes."},
     {"stats", stats, METH_NOARGS, "The pool's bytes in use and kept, hits and misses."},

@@ -26,6 +26,20 @@ def api():
     return None if module is None else module.api
 
 
+def enter():
+    """Make the pool this context's numpy handler, for the arrays a backward makes
+    (``compiled_autograd.autograd.engine``): returns what ``leave`` takes back,
+    None where the pool is off."""
+    module = POOL.module()
+    return None if module is None else module.enter()
+
+
+def leave(previous) -> None:
+    """Set back the handler ``enter`` replaced."""
+    if previous is not None:
+        POOL.loaded().leave(previous)
+
+
 def empty_cache() -> int:
     """Free the blocks kept for reuse; returns their bytes."""
     module = POOL.loaded()

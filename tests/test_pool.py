@@ -107,13 +107,42 @@ def test_a_dropped_gradients_block_is_reused_by_the_next_backward():
     assert pool.stats()["cached"] == 0
 
 
-def test_large_results_of_the_forward_come_from_the_pool_and_user_arrays_do_not():
+def test_large_results_of_the_forward_come_from_the_pool_and_a_users_arrays_do_not():
     big = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)
     small = ca.tensor(np.ones(16, np.float32), requires_grad=True)
     assert handler_name((big * 2.0).sin().detach().numpy()) == POOL_NAME
     assert handler_name((small * 2.0).sin().detach().numpy()) != POOL_NAME
     assert handler_name(np.ones(64 * 1024, np.float32)) != POOL_NAME
     assert handler_name(np.ones(64 * 1024, np.float32) * 2.0) != POOL_NAME
+
+
+@pytest.mark.parametrize("backend", [None, "python", "c"])
+def test_a_backward_makes_its_arrays_in_the_pool_and_sets_numpy_back_after(backend):
+    """Eager or compiled, what a backward makes (here, in a hook) comes from the
+    pool; after it, also when a hook raises, numpy's handler is back."""
+    x = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)
+    seen = []
+
+    def hook(g):
+        seen.append(handler_name(np.empty(64 * 1024, np.float32)))
+        return g
+    before = np._core.multiarray.get_handler_name()
+    y = (x * 2.0).sin()
+    y.register_hook(hook)
+    with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+        y.sum().backward()
+    assert seen == [POOL_NAME]
+    assert handler_name(x.grad.numpy()) == POOL_NAME
+    assert np._core.multiarray.get_handler_name() == before != POOL_NAME
+
+    def fails(g):
+        raise RuntimeError("hook failed")
+    y = (x * 2.0).sin()
+    y.register_hook(fails)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+            y.sum().backward()
+    assert np._core.multiarray.get_handler_name() == before
 
 
 def test_a_training_step_after_the_first_makes_no_new_blocks():

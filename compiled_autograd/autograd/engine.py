@@ -36,6 +36,7 @@ from compiled_autograd.autograd import grad_mode as _grad_mode
 from compiled_autograd.autograd.node import accumulate_into, gradient_edge
 from compiled_autograd.autograd.tensor_base import TensorBase
 from compiled_autograd.runtime import memory as _rt_memory
+from compiled_autograd.runtime import pool as _pool
 from compiled_autograd.runtime.prims import broadcast_shapes, ops, sum_to
 
 
@@ -350,9 +351,16 @@ def _reentrant_aware(run):
     """``run()``: one backward, eager or compiled. A reentrant backward (called
     while one runs on this thread) counts towards this thread's depth; past a
     limit it runs on a fresh thread (reentrant.py, torch's max_recursion_depth),
-    which continues this thread's running graph tasks and compiler stack."""
+    which continues this thread's running graph tasks and compiler stack.
+    The arrays a backward makes (its nodes', hooks' and compiled code's) come from
+    compiled autograd's caching allocator (runtime/pool.c), as the C forward's
+    large results do, so that the memory a step frees is kept for the next."""
     if current_graph_task() is None:
-        return run()
+        previous = _pool.enter()
+        try:
+            return run()
+        finally:
+            _pool.leave(previous)
     if _reentrant.hop_needed():
         tasks = _running.get()
         compilers = list(getattr(_compilers, "stack", None) or ())
