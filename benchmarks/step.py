@@ -29,9 +29,8 @@ engine and "c" with ``step()``, and "c" and "python" with the update inside the
 compiled backward (``ca.optim.in_backward``), taking turns the same way.
 
 Each mode's minor page faults per step are reported too, with one more process
-beside them: "c kept", the "c" mode with glibc's malloc told to keep freed memory
-(``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``; what the library does not
-do by itself: it would change how the whole process allocates).
+beside them: "c no pool", the "c" mode with compiled autograd's caching allocator
+off (``CA_POOL=0``, runtime/pool.c): what the pool saves, in faults and time.
 
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
@@ -61,10 +60,10 @@ OPT_CASES = ("small_mlp", "transformer")
 OPTIMIZERS = (("SGD", dict(lr=1e-3, momentum=0.9)), ("Adam", dict(lr=1e-4)))
 OPT_MODES = ("torch", "eager+step", "c+step", "c inside", "python inside")
 
-# glibc's malloc told to keep freed memory (no heap trimming, no mmap for arrays
-# up to 32 MB): what the "c kept" process runs with, beside "c" as it is
-KEPT = "c kept"
-MALLOC_KEEPS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+# the caching allocator off (runtime/pool.c): what the "c no pool" process runs
+# with, beside "c" as it is
+NO_POOL = "c no pool"
+POOL_OFF = {"CA_POOL": "0"}
 
 import models  # noqa: E402
 from alone import Alone, Here, rounds, torch_threads  # noqa: E402
@@ -114,8 +113,8 @@ def measure_case(case, reps, modes, here=False):
     for fresh in (False, True) if len(modes) > 1 else (False,):
         runners = {m: Here(RUNNER, m, case, fresh) if here else Alone(RUNNER, m, case, fresh)
                    for m in modes}
-        if not fresh and "c" in modes:   # glibc told to keep freed memory
-            runners[KEPT] = Alone(RUNNER, "c", case, fresh, env=MALLOC_KEEPS)
+        if not fresh and "c" in modes:   # the caching allocator off
+            runners[NO_POOL] = Alone(RUNNER, "c", case, fresh, env=POOL_OFF)
         times = {m: [(f, b, faults) for (f, b), faults in got]
                  for m, got in rounds(runners, reps).items()}
         for r in runners.values():
@@ -286,15 +285,14 @@ def report(results, threads, eager_only=None):
               else f"{'-':>14}{'-':>13}")
         print(f"{case:<17}{_fmt(r):>10}{_fmt(f):>10}{f / r:>14.2f}{tc}")
     print("minor page faults per step, each mode in its own process (reused parameters); "
-          f"\"{KEPT}\": \"c\" with glibc's malloc told to keep freed memory "
-          "(" + ", ".join(f"{k}={v}" for k, v in MALLOC_KEEPS.items()) + ")")
-    print(f"{'case':<17}" + "".join(f"{m:>9}" for m in MODES + (KEPT,))
-          + f"{KEPT + ' step':>14}{KEPT + '/torch':>14}")
+          f"\"{NO_POOL}\": \"c\" with the caching allocator off (CA_POOL=0)")
+    print(f"{'case':<17}" + "".join(f"{m:>11}" for m in MODES + (NO_POOL,))
+          + f"{'c step':>11}{NO_POOL + ' step':>17}{'ratio':>7}")
     for case, row in results.items():
-        t, k = row.get("reused:torch"), row[f"reused:{KEPT}"]
-        faults = [row.get(f"reused:{m}", {}).get("faults", "-") for m in MODES + (KEPT,)]
-        print(f"{case:<17}" + "".join(f"{f:>9}" for f in faults) + f"{_fmt(k['step']):>14}"
-              + (f"{k['step'] / t['step']:>14.2f}" if t else f"{'-':>14}"))
+        c, k = row["reused:c"], row[f"reused:{NO_POOL}"]
+        faults = [row.get(f"reused:{m}", {}).get("faults", "-") for m in MODES + (NO_POOL,)]
+        print(f"{case:<17}" + "".join(f"{f:>11}" for f in faults) + f"{_fmt(c['step']):>11}"
+              + f"{_fmt(k['step']):>17}{k['step'] / c['step']:>7.2f}")
     if eager_only:
         never, after = eager_only
         print("eager steps only: the forward in processes that never used compiled "
