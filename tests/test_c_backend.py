@@ -384,6 +384,26 @@ def test_autograd_grad_returns_values_like_eager():
         np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-7)
 
 
+def test_a_small_batched_product_with_a_transposed_operand_copies_it_first():
+    """q @ k^T over a batch of small matrices (attention's scores), and its
+    backward's products: the transposed right operand is copied row-major before
+    the GEMM (OpenBLAS's small a @ b^T is slower than the copy and a @ b); the
+    gradients are eager's."""
+    def run(compiled):
+        rng = np.random.default_rng(0)
+        q, k = (ca.tensor(rng.standard_normal((2, 3, 8, 4)).astype(np.float32),
+                          requires_grad=True) for _ in range(2))
+        loss = (q @ k.transpose(-2, -1)).tanh().sum()
+        (_on_c(loss.backward) if compiled else loss.backward())
+        return q.grad.numpy(), k.grad.numpy()
+    for c, e in zip(run(True), run(False)):
+        np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-6)
+    q, k = (ca.tensor(np.ones((2, 3, 8, 4), np.float32), requires_grad=True) for _ in range(2))
+    prog = generate(ca.trace_backward((q @ k.transpose(-2, -1)).tanh().sum()).graph)
+    assert [(g.ta, g.tb) for g in prog.gemms if g.batch > 1] and all(
+        g.tb == "CblasNoTrans" for g in prog.gemms if g.batch > 1 and g.ta == "CblasNoTrans")
+
+
 def test_float64_gradients_match_eager_closely():
     def run(compiled):
         rng = np.random.default_rng(0)
