@@ -370,20 +370,11 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
     return fixed;
 }
 
-/* The caching allocator (runtime/pool.c), or NULL: numpy's own and malloc. The
-   arena and every array of the pool's size or more (a large gradient, an arena
-   block) come from it: a training step drops its gradients
-   (zero_grad(set_to_none)) and the next backward makes them again, and a kept
-   block costs neither page faults nor the kernel's zeroing of fresh pages. */
-static const PoolApi *pool;
-
-static PyObject *use_allocator(PyObject *module, PyObject *capsule)
-{
-    (void)module;
-    if (pool_api_from(capsule, &pool) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
+/* The caching allocator (runtime/pool.h's ``pool``): the arena and every array
+   of the pool's size or more (a large gradient, an arena block) come from it. A
+   training step drops its gradients (zero_grad(set_to_none)) and the next
+   backward makes them again: a kept block costs neither page faults nor the
+   kernel's zeroing of fresh pages. */
 
 /* An uninitialised C-contiguous array, from the pool when it is large. */
 static PyObject *empty_array(int nd, npy_intp const *dims, int type, size_t nbytes)

@@ -399,20 +399,6 @@ static int unusual(Forward *f)
     return hooked;
 }
 
-/* The caching allocator (runtime/pool.c) a prim's result is made under, or NULL:
-   numpy's own. Only where an argument is as large as the pool's blocks (then
-   its result likely is too): entering and leaving cost ~0.4 us, and small
-   arrays come from malloc's bins anyway, without page faults. */
-static const PoolApi *pool;
-
-static PyObject *use_allocator(PyObject *module, PyObject *capsule)
-{
-    (void)module;
-    if (pool_api_from(capsule, &pool) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef module_methods[] = {
     {"use_allocator", use_allocator, METH_O,
      "The caching allocator's capsule (runtime/pool.py) large results are made "
@@ -451,7 +437,11 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     PyObject *arrays = PyTuple_New(n);
     if (arrays == NULL)
         return NULL;
-    int pooled = 0;     /* an argument as large as the pool's blocks */
+    /* The result is made under the caching allocator (runtime/pool.h's ``pool``)
+       where an argument is as large as the pool's blocks (then the result likely
+       is too): entering and leaving cost ~0.4 us, and small arrays come from
+       malloc's bins anyway, without page faults. */
+    int pooled = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i);
         PyObject *data = is_tensor(f, a) ? SLOT(a, f->t[T_DATA]) : a;

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#define CA_POOL_IMPL
 #include "pool.h"
 
 /* Under AddressSanitizer a kept block is poisoned, and a taken one past the

@@ -14,17 +14,24 @@ typedef struct {
     int (*leave)(PyObject *previous);   /* that one back (stolen); keeps an exception set */
 } PoolApi;
 
-/* The PoolApi in ``capsule`` (None: NULL, the pool off), or -1 with an error. */
-static inline int pool_api_from(PyObject *capsule, const PoolApi **out)
+#ifndef CA_POOL_IMPL
+/* A client extension's pool (NULL: numpy's own allocator and malloc), set by its
+   module function ``use_allocator(capsule or None)``, which its Python side
+   calls once the module is loaded. */
+static const PoolApi *pool;
+
+static PyObject *use_allocator(PyObject *module, PyObject *capsule)
 {
+    (void)module;
     if (capsule == Py_None) {
-        *out = NULL;
-        return 0;
+        pool = NULL;
+        Py_RETURN_NONE;
     }
     const PoolApi *api = PyCapsule_GetPointer(capsule, "compiled_autograd.pool");
     if (api == NULL)
-        return -1;
-    *out = api;
-    return 0;
+        return NULL;
+    pool = api;
+    Py_RETURN_NONE;
 }
+#endif
 #endif

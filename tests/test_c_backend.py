@@ -163,15 +163,22 @@ def _libasan():
     return out if out and os.path.isabs(out) and os.path.exists(out) else None
 
 
-def test_address_sanitizer_finds_no_errors(tmp_path):
+def _asan_env(tmp_path, **more):
+    """The environment of a Python process whose C is built and run under
+    AddressSanitizer (skips the test where gcc has no libasan)."""
     libasan = _libasan()
     if libasan is None:
         pytest.skip("libasan not found (gcc -print-file-name=libasan.so)")
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
                CA_CACHE_DIR=str(tmp_path / "cache"), CC="gcc",
                CA_C_EXTRA_FLAGS="-fsanitize=address -fno-omit-frame-pointer",
-               PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+               PYTHONPATH=str(ROOT), **more)
     env.pop("CA_C_FALLBACK", None)
+    return env
+
+
+def test_address_sanitizer_finds_no_errors(tmp_path):
+    env = _asan_env(tmp_path, OPENBLAS_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", ASAN_SCRIPT], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert "ERROR: AddressSanitizer" not in done.stderr, done.stderr[-4000:]
@@ -193,15 +200,8 @@ POOL_OVERFLOW_SCRIPT = textwrap.dedent("""
 
 def test_address_sanitizer_catches_an_overflow_inside_a_pooled_block(tmp_path):
     """The pool poisons what a taken block holds past the bytes asked for."""
-    libasan = _libasan()
-    if libasan is None:
-        pytest.skip("libasan not found (gcc -print-file-name=libasan.so)")
-    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
-               CA_CACHE_DIR=str(tmp_path / "cache"), CC="gcc",
-               CA_C_EXTRA_FLAGS="-fsanitize=address -fno-omit-frame-pointer",
-               PYTHONPATH=str(ROOT))
-    env.pop("CA_C_FALLBACK", None)
-    done = subprocess.run([sys.executable, "-c", POOL_OVERFLOW_SCRIPT], env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", POOL_OVERFLOW_SCRIPT], env=_asan_env(tmp_path),
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert "WRITING" in done.stdout, done.stderr[-4000:]
     assert "NOT-CAUGHT" not in done.stdout
