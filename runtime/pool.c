@@ -66,6 +66,11 @@ static unsigned long long hits, misses;
 
 static inline Header *header_of(void *data) { return (Header *)data - 1; }
 
+/* A fork while another thread holds the lock would leave the child's copy held
+   for ever: the lock is taken around the fork, and released on both sides. */
+static void before_fork(void) { pthread_mutex_lock(&lock); }
+static void after_fork(void) { pthread_mutex_unlock(&lock); }
+
 /* Size class c holds (4 + c % 4) quarters of 2^(c / 4) bytes of data; from
    HUGE_FROM on, rounded up to whole huge pages. */
 static size_t capacity(int c)
@@ -353,6 +358,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", NULL, -1, me
 PyMODINIT_FUNC PyInit__pool(void)
 {
     import_array();
+    if (pthread_atfork(before_fork, after_fork, after_fork) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the caching allocator: pthread_atfork failed");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
