@@ -1,0 +1,75 @@
+"""benchmarks/alone.py, how step.py and backward.py run each library in a process of
+its own: a runner's child makes its step from a factory named "module:function",
+runs the blocks asked for and reports each step's value and page faults; ``Here``
+is the same runner in this process; ``rounds`` makes the runners take turns,
+dropping the first step of each block."""
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ALONE = Path(__file__).resolve().parents[1] / "benchmarks" / "alone.py"
+
+FACTORY = '''
+import os
+
+def make(tag):
+    """A step that counts itself and says which process ran it, and with what
+    environment."""
+    count = [0]
+
+    def step():
+        count[0] += 1
+        return [tag, os.getpid(), count[0], os.environ.get("ALONE_TEST", "")]
+    return step, {"tag": tag, "pid": os.getpid()}
+'''
+
+
+@pytest.fixture
+def alone(tmp_path, monkeypatch):
+    (tmp_path / "alone_factory.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    spec = importlib.util.spec_from_file_location("alone_under_test", ALONE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_runner_alone_runs_its_steps_in_its_own_process(alone):
+    runner = alone.Alone("alone_factory:make", "a", env={"ALONE_TEST": "yes"})
+    try:
+        assert runner.info["tag"] == "a" and runner.info["pid"] != os.getpid()
+        got = runner(3)
+        assert [value[2] for value, _ in got] == [1, 2, 3]
+        assert all(value[1] == runner.info["pid"] and value[3] == "yes" for value, _ in got)
+        assert all(isinstance(faults, int) and faults >= 0 for _, faults in got)
+        assert [value[2] for value, _ in runner(2)] == [4, 5]        # the same runner goes on
+    finally:
+        runner.close()
+    assert runner.proc.returncode == 0
+
+
+def test_here_is_the_same_runner_in_this_process(alone):
+    runner = alone.Here("alone_factory:make", "h")
+    got = runner(2)
+    assert runner.info["pid"] == os.getpid()
+    assert [(value[0], value[1], value[2]) for value, _ in got] == \
+        [("h", os.getpid(), 1), ("h", os.getpid(), 2)]
+
+
+def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
+    runners = {"x": alone.Here("alone_factory:make", "x"),
+               "y": alone.Here("alone_factory:make", "y")}
+    got = alone.rounds(runners, 8)          # blocks of 4 (+1 dropped) after 5 warm-ups
+    for name in ("x", "y"):
+        counts = [value[2] for value, _ in got[name]]
+        # warm-up 1-5; block 1 runs 6-10 and keeps 7-10; block 2 runs 11-15, keeps 12-15
+        assert counts == [7, 8, 9, 10, 12, 13, 14, 15]
+
+
+def test_a_child_that_fails_ends_the_benchmark_with_its_code(alone):
+    with pytest.raises(SystemExit, match="step server failed"):
+        alone.Alone("alone_factory:no_such_function", "z")
