@@ -12,9 +12,9 @@ against the generated loops (elementwise, reductions over rows or columns,
 row-wise softmax / layer_norm) -- at 1 thread and at the default thread count
 (each in a fresh process): the C built once more with a clock read before each
 statement, in a private cache directory. And the large MLP's "c" backward with its
-minor page faults (``getrusage``), with glibc's malloc as it is and told to keep
-freed memory (``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``), each in a
-fresh process.
+minor page faults (``getrusage``), with compiled autograd's caching allocator
+(runtime/pool.c) and without it (``CA_POOL=0``: glibc's malloc as it is), each in
+a fresh process.
 
     python benchmarks/c_breakdown.py [--reps N]
 """
@@ -364,15 +364,14 @@ def faults(case, reps):
     return statistics.median(times), statistics.median(counts)
 
 
-# glibc returns freed blocks over its (adaptive) mmap threshold to the kernel, and
-# the next call's fresh arrays fault their pages in again; with these raised, it
-# keeps them.
-KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
+# Without the pool, glibc returns freed blocks over its (adaptive) mmap threshold
+# to the kernel, and the next call's fresh arrays fault their pages in again.
+POOL_OFF = {"CA_POOL": "0"}
 
 
 def print_faults(reps):
     rows = {}
-    for name, extra in (("default malloc", {}), ("malloc keeps memory", KEEP_MEMORY)):
+    for name, extra in (("caching allocator", {}), ("CA_POOL=0 (malloc)", POOL_OFF)):
         done = subprocess.run([sys.executable, __file__, "--faults-worker", "--reps", str(reps)],
                               env=dict(os.environ, **extra), capture_output=True, text=True,
                               check=True)
