@@ -55,9 +55,13 @@
 #define N_CLASSES (4 * 64)
 
 /* Before every block's data: its size class (-1: a malloc'd small one) and the
-   bytes asked for (realloc copies that much). */
+   bytes asked for (realloc copies that much). Before that header, a pooled
+   block's link in its free list: a kept block's data is never written (under
+   ASan it is poisoned from its first byte: a write through a freed array is
+   caught, and cannot corrupt the list). */
 typedef struct { size_t size; int cls; } Header;
 _Static_assert(sizeof(Header) <= SMALL_HEADER, "a small block's header");
+_Static_assert(SMALL_HEADER + sizeof(void *) <= BLOCK_HEADER, "a pooled block's link");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static void *lists[N_CLASSES];           /* free blocks, linked through their data */
@@ -65,6 +69,7 @@ static size_t cached, in_use, limit = (size_t)1 << 30;
 static unsigned long long hits, misses;
 
 static inline Header *header_of(void *data) { return (Header *)data - 1; }
+static inline void **link_of(void *data) { return (void **)((char *)data - SMALL_HEADER) - 1; }
 
 /* Size class c holds (4 + c % 4) quarters of 2^(c / 4) bytes of data; from
    HUGE_FROM on, rounded up to whole huge pages. */
@@ -74,13 +79,18 @@ static size_t capacity(int c)
     return b >= HUGE_FROM ? (b + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN : b;
 }
 
-/* The smallest class that holds n (>= POOL_MIN) bytes. */
+/* The smallest class that holds n (>= POOL_MIN) bytes; of classes whose
+   capacities round to the same huge pages (5 and 6 MB, 7 and 8 MB), the last, so
+   that blocks of one capacity share one list. */
 static int size_class(size_t n)
 {
     int k = 63 - __builtin_clzll((unsigned long long)n);       /* 2^k <= n */
     size_t step = (size_t)1 << (k - 2);
     int q = (int)((n + step - 1) / step);                      /* 4..8 */
-    return q == 8 ? 4 * (k + 1) : 4 * k + q - 4;
+    int c = q == 8 ? 4 * (k + 1) : 4 * k + q - 4;
+    while (capacity(c + 1) == capacity(c))
+        c++;
+    return c;
 }
 
 /* Where a class's block starts before its data: the header's room, or for a huge
@@ -129,7 +139,7 @@ static void *pool_alloc(size_t n, int zero)
     pthread_mutex_lock(&lock);
     if (lists[c] != NULL) {
         data = lists[c];
-        lists[c] = *(void **)data;
+        lists[c] = *link_of(data);
         cached -= cap;
         hits++;
     } else {
@@ -166,8 +176,8 @@ static void pool_free(void *data)
     pthread_mutex_lock(&lock);
     in_use -= cap;
     if (cached + cap <= limit) {
-        POISON((char *)data + sizeof(void *), cap - sizeof(void *));
-        *(void **)data = lists[c];
+        POISON(data, cap);
+        *link_of(data) = lists[c];
         lists[c] = data;
         cached += cap;
         data = NULL;
@@ -271,7 +281,7 @@ static PyObject *empty_cache(PyObject *module, PyObject *unused)
     pthread_mutex_unlock(&lock);
     for (int c = 0; c < N_CLASSES; c++)
         for (char *data = free_lists[c]; data != NULL;) {
-            char *next = *(void **)data;
+            char *next = *link_of(data);
             free_block(data);
             data = next;
         }
@@ -307,15 +317,15 @@ static PyObject *set_limit(PyObject *module, PyObject *arg)
     for (int c = N_CLASSES - 1; c >= 0 && cached > limit; c--)
         while (lists[c] != NULL && cached > limit) {
             char *data = lists[c];
-            lists[c] = *(void **)data;
+            lists[c] = *link_of(data);
             cached -= capacity(header_of(data)->cls);
-            *(void **)data = drop;
+            *link_of(data) = drop;
             drop = data;
         }
     pthread_mutex_unlock(&lock);
     while (drop != NULL) {
         char *data = drop;
-        drop = *(void **)data;
+        drop = *link_of(data);
         free_block(data);
     }
     Py_RETURN_NONE;

@@ -296,3 +296,22 @@ def test_switched_off_by_its_environment_variable():
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CA_POOL="0"),
                           capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["default_allocator", "default_allocator", "0", "0"]
+
+
+def test_sizes_whose_classes_round_to_one_capacity_share_a_list(allocator):
+    """From 4 MB on a class's capacity is rounded up to whole 2 MB pages, so the
+    classes of 5 and 6 MB (and of 7 and 8 MB) hold the same bytes: a block given
+    back by one serves a request of the other (one list, not two kept apart)."""
+    ca.memory.empty_cache()
+    for first, second in [(4 * MB + MB // 2, 5 * MB + MB // 2), (6 * MB + MB // 2, 7 * MB + MB // 2)]:
+        p = allocator.malloc(None, first)
+        allocator.free(None, p, first)
+        before = pool.stats()
+        q = allocator.malloc(None, second)
+        assert q == p
+        assert pool.stats()["hits"] == before["hits"] + 1
+        fill(q, second, 7)
+        r = allocator.realloc(None, q, first)       # back to the other size: in place
+        assert r == q
+        allocator.free(None, r, first)
+    ca.memory.empty_cache()
