@@ -22,7 +22,8 @@
    Every block's data follows a header (its size class, the bytes asked for), so
    free needs no size: numpy passes one, but the header is what free trusts.
    At most ``limit`` bytes are kept (1 GiB unless set); ``empty_cache()`` frees
-   them all. A mutex guards the lists: numpy may allocate without the GIL. */
+   them all. A mutex guards the lists: numpy may allocate without the GIL (a fork
+   waits for it, so that the child does not inherit it held). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -346,6 +347,11 @@ static PyObject *py_leave(PyObject *module, PyObject *previous)
     Py_RETURN_NONE;
 }
 
+/* fork: the child must not inherit the lock held by a thread of the parent that
+   was allocating without the GIL (it would wait for it forever). */
+static void fork_prepare(void) { pthread_mutex_lock(&lock); }
+static void fork_done(void) { pthread_mutex_unlock(&lock); }
+
 static PyMethodDef methods[] = {
     {"enter", py_enter, METH_NOARGS,
      "Make the pool this context's numpy handler; returns the one before it."},
@@ -363,6 +369,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", NULL, -1, me
 PyMODINIT_FUNC PyInit__pool(void)
 {
     import_array();
+    static int at_fork;             /* (the module may be initialised again: once) */
+    if (!at_fork) {
+        if (pthread_atfork(fork_prepare, fork_done, fork_done) != 0) {
+            PyErr_SetString(PyExc_OSError, "the caching allocator: pthread_atfork failed");
+            return NULL;
+        }
+        at_fork = 1;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
