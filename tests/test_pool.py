@@ -361,3 +361,34 @@ def test_a_forked_child_does_not_inherit_the_lock_held():
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split() == ["hung", "0"]
+
+
+ALLOCATOR_SWITCHED_SCRIPT = """
+import numpy as np
+import compiled_autograd as ca
+from compiled_autograd.codegen.c_run import C_CALL
+from compiled_autograd.runtime import pool
+x = ca.tensor(np.linspace(0, 1, 64 * 1024, dtype=np.float32), requires_grad=True)
+
+def hook(g):
+    C_CALL.loaded().use_allocator(None)         # malloc from here on
+    return g
+for _ in range(2):
+    C_CALL.module().use_allocator(pool.api())
+    y = (x * 2.0).sin().exp().tanh()
+    y.register_hook(hook)
+    with ca.compiled_backward(backend="c"):
+        y.sum().backward()
+x.grad = y = None
+print("in use", pool.stats()["in_use"])
+"""
+
+
+def test_a_c_calls_arena_goes_back_where_it_came_from():
+    """The C call's arena (256 kB here) comes from the pool; a hook that sets
+    another allocator mid-call (``use_allocator(None)``) does not make the call
+    give the arena to free(): glibc aborted ("munmap_chunk(): invalid pointer")."""
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_SWITCHED_SCRIPT],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["in", "use", "0"]
