@@ -184,9 +184,20 @@ def test_the_limit_bounds_what_is_kept():
     assert 4 * MB <= kept <= 10 * MB
     ca.memory.set_cache_limit(0)
     assert pool.stats()["cached"] == 0
-    for bad in (-1, 1.5, True, "1"):
-        with pytest.raises(ValueError, match="set_cache_limit: expected a number of bytes"):
+    with pytest.raises(ValueError, match="set_cache_limit: expected a number of bytes >= 0, got -1"):
+        ca.memory.set_cache_limit(-1)
+    for bad in (1.5, True, "1", None):
+        with pytest.raises(TypeError, match="set_cache_limit: expected an integer number of bytes"):
             ca.memory.set_cache_limit(bad)
+
+
+def test_the_limit_takes_any_integer():
+    """numpy's integers are numbers of bytes too; more than an address space
+    is no limit (not an OverflowError from C)."""
+    ca.memory.set_cache_limit(np.int64(8 * MB))
+    assert pool.stats()["limit"] == 8 * MB
+    ca.memory.set_cache_limit(1 << 80)
+    assert pool.stats()["limit"] == sys.maxsize
 
 
 # ------------------------------------------------ the handler's functions, directly
