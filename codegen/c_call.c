@@ -374,16 +374,19 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
    of the pool's size or more (a large gradient, an arena block) come from it. A
    training step drops its gradients (zero_grad(set_to_none)) and the next
    backward makes them again: a kept block costs neither page faults nor the
-   kernel's zeroing of fresh pages. */
+   kernel's zeroing of fresh pages. Each use reads ``pool`` once: Python code
+   may run in between (a garbage collection's finalizers, a hook) and may set
+   another allocator (``use_allocator``); what was taken from one goes back to it. */
 
 /* An uninitialised C-contiguous array, from the pool when it is large. */
 static PyObject *empty_array(int nd, npy_intp const *dims, int type, size_t nbytes)
 {
+    const PoolApi *from = pool;
     PyObject *previous = NULL;
-    if (pool != NULL && nbytes >= pool->min_bytes && (previous = pool->enter()) == NULL)
+    if (from != NULL && nbytes >= from->min_bytes && (previous = from->enter()) == NULL)
         return NULL;
     PyObject *arr = PyArray_EMPTY(nd, (npy_intp *)dims, type, 0);
-    if (previous != NULL && pool->leave(previous) < 0)
+    if (previous != NULL && from->leave(previous) < 0)
         Py_CLEAR(arr);
     return arr;
 }
@@ -401,23 +404,25 @@ static PyObject *output_array(const Layout *l)
     return empty_array(l->ndim, l->dims, l->type, nbytes);
 }
 
-/* The call's arena: raw memory, seen by tracemalloc as PyMem_RawMalloc's is. */
-static char *arena_alloc(size_t bytes)
+/* The call's arena: raw memory, seen by tracemalloc as PyMem_RawMalloc's is;
+   ``*from`` is the allocator it came from (NULL: malloc), for ``arena_free``. */
+static char *arena_alloc(size_t bytes, const PoolApi **from)
 {
-    char *p = pool != NULL ? pool->alloc(bytes) : malloc(bytes);
+    *from = pool;
+    char *p = *from != NULL ? (*from)->alloc(bytes) : malloc(bytes);
     if (p == NULL)
         return NULL;
     PyTraceMalloc_Track(0, (uintptr_t)p, bytes);
     return p;
 }
 
-static void arena_free(char *p)
+static void arena_free(char *p, const PoolApi *from)
 {
     if (p == NULL)
         return;
     PyTraceMalloc_Untrack(0, (uintptr_t)p);
-    if (pool != NULL)
-        pool->free(p);
+    if (from != NULL)
+        from->free(p);
     else
         free(p);
 }
@@ -472,6 +477,7 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     PyObject **refs = PyMem_Calloc((size_t)n_objs + 1, sizeof(PyObject *));
     void *size_arr = NULL, *scalar_arr = NULL;
     char *arena = NULL;
+    const PoolApi *arena_from = NULL;
     if (refs == NULL)
         return PyErr_NoMemory();
     PyObject **in = refs + r->n_refs, **out = in + r->n_in, **ext = out + r->n_out + r->n_blocks;
@@ -500,7 +506,7 @@ static PyObject *runner_call(Runner *r, PyObject *args, PyObject *kwds)
     if ((r->reads_sizes && read_numbers(sizes, 0, &size_arr) < 0)
         || (r->reads_scalars && read_numbers(scalars, 1, &scalar_arr) < 0))
         goto done;
-    if ((arena = arena_alloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1))) == NULL) {
+    if ((arena = arena_alloc((size_t)(r->arena_bytes > 0 ? r->arena_bytes : 1), &arena_from)) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -552,7 +558,7 @@ done:
     PyMem_Free(refs);
     PyMem_Free(size_arr);
     PyMem_Free(scalar_arr);
-    arena_free(arena);
+    arena_free(arena, arena_from);
     return result;
 }
 

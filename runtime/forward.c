@@ -441,12 +441,13 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
        where an argument is as large as the pool's blocks (then the result likely
        is too): entering and leaving cost ~0.4 us, and small arrays come from
        malloc's bins anyway, without page faults. */
+    const PoolApi *from = pool;      /* (read once: the kernel may set another) */
     int pooled = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(args, i);
         PyObject *data = is_tensor(f, a) ? SLOT(a, f->t[T_DATA]) : a;
-        pooled |= pool != NULL && PyArray_Check(data)
-                  && (size_t)PyArray_NBYTES((PyArrayObject *)data) >= pool->min_bytes;
+        pooled |= from != NULL && PyArray_Check(data)
+                  && (size_t)PyArray_NBYTES((PyArrayObject *)data) >= from->min_bytes;
         PyTuple_SET_ITEM(arrays, i, Py_NewRef(data));
     }
     PyObject *kernel = SLOT(prim, f->kernel);
@@ -457,7 +458,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     }
     Py_INCREF(kernel);      /* (the kernel may replace itself) */
     PyObject *numpy_handler = NULL;      /* the result's memory from the pool */
-    if (pooled && (numpy_handler = pool->enter()) == NULL) {
+    if (pooled && (numpy_handler = from->enter()) == NULL) {
         Py_DECREF(kernel);
         Py_DECREF(arrays);
         return NULL;
@@ -469,7 +470,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         Py_SETREF(out, PyArray_FromAny(out, NULL, 0, 0, NPY_ARRAY_ENSUREARRAY, NULL));
     if (out != NULL && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
         Py_SETREF(out, PyArray_NewCopy((PyArrayObject *)out, NPY_CORDER));
-    if (numpy_handler != NULL && pool->leave(numpy_handler) < 0)
+    if (numpy_handler != NULL && from->leave(numpy_handler) < 0)
         Py_CLEAR(out);
     if (out == NULL)
         return NULL;

@@ -22,7 +22,8 @@
    Every block's data follows a header (its size class, the bytes asked for), so
    free needs no size: numpy passes one, but the header is what free trusts.
    At most ``limit`` bytes are kept (1 GiB unless set); ``empty_cache()`` frees
-   them all. A mutex guards the lists: numpy may allocate without the GIL. */
+   them all. A mutex guards the lists: numpy may allocate without the GIL (a fork
+   waits for it, so that the child does not inherit it held). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -55,9 +56,13 @@
 #define N_CLASSES (4 * 64)
 
 /* Before every block's data: its size class (-1: a malloc'd small one) and the
-   bytes asked for (realloc copies that much). */
+   bytes asked for (realloc copies that much). Before that header, a pooled
+   block's link in its free list: a kept block's data is never written (under
+   ASan it is poisoned from its first byte: a write through a freed array is
+   caught, and cannot corrupt the list). */
 typedef struct { size_t size; int cls; } Header;
 _Static_assert(sizeof(Header) <= SMALL_HEADER, "a small block's header");
+_Static_assert(SMALL_HEADER + sizeof(void *) <= BLOCK_HEADER, "a pooled block's link");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static void *lists[N_CLASSES];           /* free blocks, linked through their data */
@@ -65,11 +70,7 @@ static size_t cached, in_use, limit = (size_t)1 << 30;
 static unsigned long long hits, misses;
 
 static inline Header *header_of(void *data) { return (Header *)data - 1; }
-
-/* A fork while another thread holds the lock would leave the child's copy held
-   for ever: the lock is taken around the fork, and released on both sides. */
-static void before_fork(void) { pthread_mutex_lock(&lock); }
-static void after_fork(void) { pthread_mutex_unlock(&lock); }
+static inline void **link_of(void *data) { return (void **)((char *)data - SMALL_HEADER) - 1; }
 
 /* Size class c holds (4 + c % 4) quarters of 2^(c / 4) bytes of data; from
    HUGE_FROM on, rounded up to whole huge pages. */
@@ -79,13 +80,18 @@ static size_t capacity(int c)
     return b >= HUGE_FROM ? (b + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN : b;
 }
 
-/* The smallest class that holds n (>= POOL_MIN) bytes. */
+/* The smallest class that holds n (>= POOL_MIN) bytes; of classes whose
+   capacities round to the same huge pages (5 and 6 MB, 7 and 8 MB), the last, so
+   that blocks of one capacity share one list. */
 static int size_class(size_t n)
 {
     int k = 63 - __builtin_clzll((unsigned long long)n);       /* 2^k <= n */
     size_t step = (size_t)1 << (k - 2);
     int q = (int)((n + step - 1) / step);                      /* 4..8 */
-    return q == 8 ? 4 * (k + 1) : 4 * k + q - 4;
+    int c = q == 8 ? 4 * (k + 1) : 4 * k + q - 4;
+    while (capacity(c + 1) == capacity(c))
+        c++;
+    return c;
 }
 
 /* Where a class's block starts before its data: the header's room, or for a huge
@@ -134,7 +140,7 @@ static void *pool_alloc(size_t n, int zero)
     pthread_mutex_lock(&lock);
     if (lists[c] != NULL) {
         data = lists[c];
-        lists[c] = *(void **)data;
+        lists[c] = *link_of(data);
         cached -= cap;
         hits++;
     } else {
@@ -171,8 +177,8 @@ static void pool_free(void *data)
     pthread_mutex_lock(&lock);
     in_use -= cap;
     if (cached + cap <= limit) {
-        POISON((char *)data + sizeof(void *), cap - sizeof(void *));
-        *(void **)data = lists[c];
+        POISON(data, cap);
+        *link_of(data) = lists[c];
         lists[c] = data;
         cached += cap;
         data = NULL;
@@ -276,7 +282,7 @@ static PyObject *empty_cache(PyObject *module, PyObject *unused)
     pthread_mutex_unlock(&lock);
     for (int c = 0; c < N_CLASSES; c++)
         for (char *data = free_lists[c]; data != NULL;) {
-            char *next = *(void **)data;
+            char *next = *link_of(data);
             free_block(data);
             data = next;
         }
@@ -312,15 +318,15 @@ static PyObject *set_limit(PyObject *module, PyObject *arg)
     for (int c = N_CLASSES - 1; c >= 0 && cached > limit; c--)
         while (lists[c] != NULL && cached > limit) {
             char *data = lists[c];
-            lists[c] = *(void **)data;
+            lists[c] = *link_of(data);
             cached -= capacity(header_of(data)->cls);
-            *(void **)data = drop;
+            *link_of(data) = drop;
             drop = data;
         }
     pthread_mutex_unlock(&lock);
     while (drop != NULL) {
         char *data = drop;
-        drop = *(void **)data;
+        drop = *link_of(data);
         free_block(data);
     }
     Py_RETURN_NONE;
@@ -341,6 +347,11 @@ static PyObject *py_leave(PyObject *module, PyObject *previous)
     Py_RETURN_NONE;
 }
 
+/* fork: the child must not inherit the lock held by a thread of the parent that
+   was allocating without the GIL (it would wait for it forever). */
+static void fork_prepare(void) { pthread_mutex_lock(&lock); }
+static void fork_done(void) { pthread_mutex_unlock(&lock); }
+
 static PyMethodDef methods[] = {
     {"enter", py_enter, METH_NOARGS,
      "Make the pool this context's numpy handler; returns the one before it."},
@@ -358,9 +369,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", NULL, -1, me
 PyMODINIT_FUNC PyInit__pool(void)
 {
     import_array();
-    if (pthread_atfork(before_fork, after_fork, after_fork) != 0) {
-        PyErr_SetString(PyExc_RuntimeError, "the caching allocator: pthread_atfork failed");
-        return NULL;
+    static int at_fork;             /* (the module may be initialised again: once) */
+    if (!at_fork) {
+        if (pthread_atfork(fork_prepare, fork_done, fork_done) != 0) {
+            PyErr_SetString(PyExc_OSError, "the caching allocator: pthread_atfork failed");
+            return NULL;
+        }
+        at_fork = 1;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -208,6 +208,34 @@ def test_address_sanitizer_catches_an_overflow_inside_a_pooled_block(tmp_path):
     assert "ERROR: AddressSanitizer: use-after-poison" in done.stderr, done.stderr[-4000:]
 
 
+POOL_USE_AFTER_FREE_SCRIPT = textwrap.dedent("""
+    import ctypes
+    import numpy as np
+    import compiled_autograd as ca
+    x = ca.tensor(np.ones(40_000, np.float32), requires_grad=True)
+    y = (x * 2.0).sin().detach().numpy()         # from the pool (runtime/pool.c)
+    assert np._core.multiarray.get_handler_name(y) == "compiled_autograd_pool"
+    address = y.ctypes.data
+    del y                                        # its block is kept for reuse
+    assert ca.memory.cache_stats()["cached"] > 0
+    print("WRITING", flush=True)
+    ctypes.memset(address, 0, 4)                 # its first element, freed
+    print("NOT-CAUGHT", flush=True)
+""")
+
+
+def test_address_sanitizer_catches_a_write_to_the_start_of_a_kept_block(tmp_path):
+    """A kept block's data is poisoned from its first byte (the free list's link
+    lives in the block's header, not in its data): a write to a freed array's
+    first element is caught, and cannot corrupt the list."""
+    done = subprocess.run([sys.executable, "-c", POOL_USE_AFTER_FREE_SCRIPT],
+                          env=_asan_env(tmp_path), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert "WRITING" in done.stdout, done.stderr[-4000:]
+    assert "NOT-CAUGHT" not in done.stdout
+    assert "ERROR: AddressSanitizer: use-after-poison" in done.stderr, done.stderr[-4000:]
+
+
 # ---------------------------------------------------------------- 4. build cache
 
 @needs_cc

@@ -2,6 +2,9 @@
 traced backward (``schedule``), the reports (``report``), and the caching
 allocator of compiled autograd's own arrays (``empty_cache``, ``cache_stats``,
 ``set_cache_limit``: compiled_autograd/runtime/pool.c)."""
+import operator
+import sys
+
 from compiled_autograd.memory.profile import (CATEGORIES, Event, category, profile,
                                               retag_saved, source)
 from compiled_autograd.runtime import pool as _pool
@@ -25,9 +28,13 @@ def cache_stats() -> dict:
 def set_cache_limit(nbytes: int) -> None:
     """Keep at most ``nbytes`` bytes of freed blocks for reuse (default 1 GiB; 0
     keeps none); blocks kept past it are freed now."""
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+    if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__"):
+        raise TypeError("set_cache_limit: expected an integer number of bytes, got "
+                        f"{type(nbytes).__name__} {nbytes!r}")
+    nbytes = operator.index(nbytes)         # (numpy's integers too)
+    if nbytes < 0:
         raise ValueError(f"set_cache_limit: expected a number of bytes >= 0, got {nbytes!r}")
-    _pool.set_limit(nbytes)
+    _pool.set_limit(min(nbytes, sys.maxsize))   # (more than an address space: no limit)
 
 
 __all__ = ["profile", "category", "source", "retag_saved", "CATEGORIES", "Event",
