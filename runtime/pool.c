@@ -113,8 +113,12 @@ static char *new_block(int c)
     if (posix_memalign(&base, before, before + cap) != 0)
         return NULL;
 #ifdef MADV_HUGEPAGE
-    if (cap >= HUGE_FROM)       /* a hint: no huge pages is fine */
+    if (cap >= HUGE_FROM) {     /* hints: no huge pages is fine */
         (void)madvise((char *)base + before, cap, MADV_HUGEPAGE);
+        /* the lead page holds only the header (and link): with huge pages
+           "always", its one written word would fault in 2 MB */
+        (void)madvise(base, before, MADV_NOHUGEPAGE);
+    }
 #endif
     return (char *)base + before;
 }
@@ -248,10 +252,28 @@ static PyObject *handler_capsule;
 
 static void *api_alloc(size_t n) { return pool_alloc(n, 0); }
 
-static PyObject *api_enter(void) { return PyDataMem_SetHandler(handler_capsule); }
+/* Only numpy's own handler is replaced: a handler a user installed stays theirs
+   (their arrays and ours go through it, as they asked), and inside a scope the
+   pool already has (a recomputed checkpoint's forward in a backward) nothing is
+   set. */
+static PyObject *api_enter(void)
+{
+    PyObject *current = PyDataMem_GetHandler();
+    if (current == NULL || current != PyDataMem_DefaultHandler)
+        return current;
+    Py_DECREF(current);
+    return PyDataMem_SetHandler(handler_capsule);
+}
 
 static int api_leave(PyObject *previous)
 {
+    PyObject *current = PyDataMem_GetHandler();
+    if (current == previous) {          /* (enter kept the handler it found) */
+        Py_XDECREF(current);
+        Py_DECREF(previous);
+        return 0;
+    }
+    Py_XDECREF(current);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyObject *ours = PyDataMem_SetHandler(previous);

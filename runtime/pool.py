@@ -49,7 +49,7 @@ def empty_cache() -> int:
 def stats() -> dict:
     """Bytes of the pool's blocks in use and kept for reuse, the most it keeps,
     and how many requests found a kept block (hits) or made one (misses)."""
-    module = POOL.loaded()
+    module = POOL.module()
     if module is None:
         return {"in_use": 0, "cached": 0, "limit": 0, "hits": 0, "misses": 0}
     return module.stats()

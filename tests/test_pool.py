@@ -403,3 +403,68 @@ def test_a_c_calls_arena_goes_back_where_it_came_from():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split() == ["in", "use", "0"]
+
+
+USER_HANDLER = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stdlib.h>
+
+static void *m(void *ctx, size_t n) { (void)ctx; return malloc(n); }
+static void *c(void *ctx, size_t k, size_t n) { (void)ctx; return calloc(k, n); }
+static void *r(void *ctx, void *p, size_t n) { (void)ctx; return realloc(p, n); }
+static void f(void *ctx, void *p, size_t n) { (void)ctx; (void)n; free(p); }
+static PyDataMem_Handler handler = {"a_users_handler", 1, {NULL, m, c, r, f}};
+
+static PyObject *install(PyObject *self, PyObject *unused)
+{
+    PyObject *capsule = PyCapsule_New(&handler, "mem_handler", NULL);
+    if (capsule == NULL)
+        return NULL;
+    PyObject *old = PyDataMem_SetHandler(capsule);
+    Py_DECREF(capsule);
+    return old;
+}
+
+static PyObject *restore(PyObject *self, PyObject *old)
+{
+    PyObject *ours = PyDataMem_SetHandler(old);
+    Py_XDECREF(ours);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {{"install", install, METH_NOARGS, NULL},
+                                {"restore", restore, METH_O, NULL}, {NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "users_handler", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_users_handler(void) { import_array(); return PyModule_Create(&module); }
+"""
+
+
+def test_a_numpy_handler_a_user_installed_stays_theirs():
+    """Under a user's own numpy memory handler, the forward's large results and a
+    backward's arrays go through it, not through the pool."""
+    import importlib.util
+
+    from compiled_autograd.runtime import cbuild
+    path, _ = cbuild.build_extension(USER_HANDLER, "users_handler", [np.get_include()],
+                                     f"numpy {np.__version__}")
+    spec = importlib.util.spec_from_file_location("users_handler", path)
+    users = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(users)
+    old = users.install()
+    try:
+        x = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)
+        y = (x * 2.0).sin()
+        seen = []
+        y.register_hook(lambda g: seen.append(handler_name(np.empty(64 * 1024))) or g)
+        with ca.compiled_backward(backend="c"):
+            y.sum().backward()
+        assert handler_name(y.detach().numpy()) == "a_users_handler"
+        assert handler_name(x.grad.numpy()) == "a_users_handler"
+        assert seen == ["a_users_handler"]
+        assert np._core.multiarray.get_handler_name() == "a_users_handler"
+    finally:
+        users.restore(old)
+    assert np._core.multiarray.get_handler_name() == "default_allocator"
