@@ -118,8 +118,9 @@ def test_large_results_of_the_forward_come_from_the_pool_and_a_users_arrays_do_n
 
 @pytest.mark.parametrize("backend", [None, "python", "c"])
 def test_a_backward_makes_its_arrays_in_the_pool_and_sets_numpy_back_after(backend):
-    """Eager or compiled, what a backward makes (here, in a hook) comes from the
-    pool; after it, also when a hook raises, numpy's handler is back."""
+    """Eager or compiled (compiling, then a cache hit), what a backward makes (here,
+    in a hook) comes from the pool; after it, also when a hook raises, numpy's
+    handler is back."""
     x = ca.tensor(np.ones(64 * 1024, np.float32), requires_grad=True)
     seen = []
 
@@ -127,13 +128,17 @@ def test_a_backward_makes_its_arrays_in_the_pool_and_sets_numpy_back_after(backe
         seen.append(handler_name(np.empty(64 * 1024, np.float32)))
         return g
     before = np._core.multiarray.get_handler_name()
-    y = (x * 2.0).sin()
-    y.register_hook(hook)
-    with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
-        y.sum().backward()
-    assert seen == [POOL_NAME]
-    assert handler_name(x.grad.numpy()) == POOL_NAME
-    assert np._core.multiarray.get_handler_name() == before != POOL_NAME
+    hits = ca.compiled_autograd_stats()["cache_hits"]
+    for _ in range(2):
+        x.grad = None
+        y = (x * 2.0).sin()
+        y.register_hook(hook)
+        with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+            y.sum().backward()
+        assert handler_name(x.grad.numpy()) == POOL_NAME
+        assert np._core.multiarray.get_handler_name() == before != POOL_NAME
+    assert seen == [POOL_NAME, POOL_NAME]
+    assert ca.compiled_autograd_stats()["cache_hits"] == hits + (1 if backend else 0)
 
     def fails(g):
         raise RuntimeError("hook failed")
