@@ -6,8 +6,8 @@
    step makes it all again. Given back to glibc, that memory is returned to the
    kernel (the heap is trimmed once its free top exceeds a threshold that glibc
    derives from past mmaps), and the next step faults every page in again, zeroed:
-   the transformer's step took ~1,600 minor faults, 3-4 ms of 46 (benchmarks/step.py,
-   "c kept"). Kept here, a block is reused warm.
+   the transformer's step took ~1,600 minor faults, 3-6 ms of it (benchmarks/step.py,
+   "c no pool"). Kept here, a block is reused warm.
 
    Only the arrays made while this handler is the context's numpy handler come
    from it: the C forward sets it around a prim's kernel (runtime/forward.c), the
@@ -406,8 +406,7 @@ PyMODINIT_FUNC PyInit__pool(void)
     PyObject *a = PyCapsule_New(&api, "compiled_autograd.pool", NULL);
     if (handler_capsule == NULL || a == NULL
         || PyModule_AddObjectRef(m, "handler", handler_capsule) < 0
-        || PyModule_AddObjectRef(m, "api", a) < 0
-        || PyModule_AddIntConstant(m, "min_bytes", (long)POOL_MIN) < 0) {
+        || PyModule_AddObjectRef(m, "api", a) < 0) {
         Py_XDECREF(a);
         Py_DECREF(m);
         return NULL;
