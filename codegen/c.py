@@ -41,7 +41,8 @@ import jinja2
 import numpy as np
 
 from compiled_autograd.codegen import c_memory, c_ops, c_threads
-from compiled_autograd.codegen.c_layout import Storage, Val, broadcast_strides, c_expr, ctype, dim, mul
+from compiled_autograd.codegen.c_layout import (Storage, Val, broadcast_strides, c_expr, ctype, dim,
+                                                in_layout, mul)
 from compiled_autograd.codegen.c_text import ENV as _ENV
 from compiled_autograd.codegen.c_text import Stmt, literal, split_parts
 from compiled_autograd.codegen.python import _comment
@@ -424,7 +425,7 @@ class Emitter:
             box = container.target
             self.prog.pyrefs[node] = (box, int(i))
             if box == "inputs" and _used_as_array(node):
-                v = self.fresh(node, kind="in")
+                v = in_layout(self.fresh(node, kind="in"), node.meta.get("strides"))
                 self.prog.inputs.append((int(i), v.storage))
                 self.vals[node] = v
             return
@@ -465,13 +466,9 @@ class Emitter:
         site = Site(len(self.prog.sites), node, args, self.step)
         if node.users:
             if node.meta.get("shape") is not None:       # one array
-                v = self.fresh(node, kind="ext")
-                strides = node.meta.get("strides")
-                if strides is not None and strides != v.storage.strides:
-                    # An unpacked value comes back in the layout it was saved in
-                    # (a recomputed transpose, a slice): read it there, no copy.
-                    v.storage.strides = strides
-                    v = v.with_layout(v.shape, strides, 0)
+                # An unpacked value comes back in the layout it was saved in
+                # (a recomputed transpose, a slice): read it there, no copy.
+                v = in_layout(self.fresh(node, kind="ext"), node.meta.get("strides"))
                 site.results.append((None, v))
                 self.vals[node] = v
             else:                                         # a tuple: its items

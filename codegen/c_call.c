@@ -8,7 +8,8 @@
         ``hooks`` or ``packed_data`` slot becomes None: the call owns the object
         from here; sizes and scalars are read, not taken);
      2. read each input array (a leaf Tensor through its ``_data``), and check it
-        has the traced shape and dtype and is C-contiguous; any other value goes
+        has the traced shape, dtype and layout (C-contiguous, or the strides a
+        saved view had when traced); any other value goes
         to the Python ``fix_input`` (which raises, or copies it into the layout
         the C was compiled for);
      3. read the sizes and scalars (if the program reads any: ``reads``), and
@@ -88,6 +89,8 @@ typedef struct {
     Py_ssize_t *in_slot;      /* per input of the C: its ref slot */
     char *in_keep;            /* ... whether the object itself is needed later */
     Layout *in_layout, *out_layout;
+    npy_intp (*in_strides)[NPY_MAXDIMS];  /* per input: its byte strides ... */
+    char *in_strided;         /* ... if it is read strided (else C-contiguous) */
     char *out_late;           /* per output: allocated at a callback, not at the start */
     Py_ssize_t *acc_slot, *acc_out;
     char *acc_owned, *acc_drop;
@@ -122,6 +125,7 @@ static _Thread_local Call *current_call;
 
 /* The callback sites' work (c_sites.c, later in this translation unit). */
 static int read_site(Runner *r, PyObject *spec, Site *s);
+static int read_strided(PyObject *layout, PyObject *strides, Layout *l, npy_intp *out);
 static int flush(Call *c, Py_ssize_t upto);
 static PyObject *new_block(npy_intp bytes);
 static int site_callback(int site, void **results, int *done);
@@ -132,6 +136,7 @@ static void runner_free_arrays(Runner *r)
     PyMem_Free(r->ref_box); PyMem_Free(r->ref_index); PyMem_Free(r->ref_take);
     PyMem_Free(r->in_slot); PyMem_Free(r->in_keep);
     PyMem_Free(r->in_layout); PyMem_Free(r->out_layout); PyMem_Free(r->out_late);
+    PyMem_Free(r->in_strides); PyMem_Free(r->in_strided);
     PyMem_Free(r->acc_slot); PyMem_Free(r->acc_out); PyMem_Free(r->acc_owned);
     PyMem_Free(r->acc_drop); PyMem_Free(r->res_kind); PyMem_Free(r->res_index);
     PyMem_Free(r->block_bytes); PyMem_Free(r->block_at_start);
@@ -237,6 +242,7 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
     if (ALLOC(r->ref_box, r->n_refs) || ALLOC(r->ref_index, r->n_refs)
         || ALLOC(r->ref_take, r->n_refs) || ALLOC(r->in_slot, r->n_in) || ALLOC(r->in_keep, r->n_in)
         || ALLOC(r->in_layout, r->n_in) || ALLOC(r->out_layout, r->n_out)
+        || ALLOC(r->in_strides, r->n_in) || ALLOC(r->in_strided, r->n_in)
         || ALLOC(r->out_late, r->n_out) || ALLOC(r->acc_slot, r->n_acc)
         || ALLOC(r->acc_out, r->n_acc) || ALLOC(r->acc_owned, r->n_acc)
         || ALLOC(r->acc_drop, r->n_acc) || ALLOC(r->res_kind, r->n_res)
@@ -255,12 +261,16 @@ static int runner_init(Runner *r, PyObject *args, PyObject *kwds)
             goto range;
     }
     for (Py_ssize_t j = 0; j < r->n_in; j++) {
-        PyObject *layout;
+        PyObject *layout, *strides;
         int keep;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, j), "npO", &r->in_slot[j], &keep,
-                              &layout) || read_layout(layout, &r->in_layout[j]) < 0)
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, j), "npOO", &r->in_slot[j], &keep,
+                              &layout, &strides))
             goto fail;
         r->in_keep[j] = (char)keep;
+        r->in_strided[j] = strides != Py_None;
+        if (r->in_strided[j] ? read_strided(layout, strides, &r->in_layout[j], r->in_strides[j])
+                             : read_layout(layout, &r->in_layout[j]))
+            goto fail;
     }
     for (Py_ssize_t j = 0; j < r->n_out; j++) {
         if (read_layout(PyTuple_GET_ITEM(outputs, j), &r->out_layout[j]) < 0)
@@ -327,17 +337,21 @@ fail:
     return -1;
 }
 
-static int conforms(PyObject *obj, const Layout *l)
+/* Does an array have layout ``l``: its shape and dtype, and ``strides`` (bytes,
+   over the dims of more than one element) or, with NULL, C-contiguity? */
+static int has_layout(PyArrayObject *a, const Layout *l, const npy_intp *strides)
 {
-    if (!PyArray_CheckExact(obj))
-        return 0;
-    PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_NDIM(a) != l->ndim || PyArray_TYPE(a) != l->type || !PyArray_ISNOTSWAPPED(a)
-        || !PyArray_IS_C_CONTIGUOUS(a))
+    if (PyArray_NDIM(a) != l->ndim || PyArray_TYPE(a) != l->type || !PyArray_ISNOTSWAPPED(a))
         return 0;
     for (int d = 0; d < l->ndim; d++)
         if (PyArray_DIM(a, d) != l->dims[d])
             return 0;
+    if (strides == NULL)
+        return PyArray_IS_C_CONTIGUOUS(a);
+    if (PyArray_SIZE(a) > 1)
+        for (int d = 0; d < l->ndim; d++)
+            if (l->dims[d] > 1 && PyArray_STRIDE(a, d) != strides[d])
+                return 0;
     return 1;
 }
 
@@ -356,7 +370,9 @@ static PyObject *input_array(Runner *r, Py_ssize_t j, PyObject *obj, PyObject *s
         PyErr_Clear();
         arr = Py_NewRef(obj);
     }
-    if (conforms(arr, &r->in_layout[j]))
+    if (PyArray_CheckExact(arr)
+        && has_layout((PyArrayObject *)arr, &r->in_layout[j],
+                      r->in_strided[j] ? r->in_strides[j] : NULL))
         return arr;
     PyObject *index = PyLong_FromSsize_t(j);
     PyObject *fixed = index ? PyObject_CallFunctionObjArgs(r->fix_input, index, arr, sizes, NULL)

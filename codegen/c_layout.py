@@ -84,6 +84,15 @@ def broadcast_strides(shape, strides, ndim):
     return [0] * (ndim - len(shape)) + [0 if n == 1 else s for n, s in zip(shape, strides)]
 
 
+def in_layout(v, strides):
+    """``v``, a fresh array Python hands in, read in the layout ``strides``
+    (elements) the graph recorded, as Python holds it: no copy. None: contiguous."""
+    if strides is None or tuple(strides) == v.storage.strides:
+        return v
+    v.storage.strides = tuple(strides)
+    return v.with_layout(v.shape, v.storage.strides, 0)
+
+
 def contiguous_strides(shape):
     strides, s = [0] * len(shape), 1
     for d in range(len(shape) - 1, -1, -1):

@@ -41,7 +41,7 @@ import numpy as np
 
 from compiled_autograd.codegen import arena as arena_plan
 from compiled_autograd.codegen.c import generate
-from compiled_autograd.codegen.c_layout import Val, value_of
+from compiled_autograd.codegen.c_layout import Val, contiguous_strides, value_of
 from compiled_autograd.codegen.python import compile_graph as python_backend
 from compiled_autograd.autograd.node import accumulate_into
 from compiled_autograd.compiled.hook_calls import CALL_HOOK
@@ -157,7 +157,7 @@ class CBackward:
             static = all(isinstance(d, int) for d in storage.shape)
             self._input_specs.append((i, self._input_nodes[i], storage,
                                       tuple(storage.shape) if static else None, storage.dtype,
-                                      storage_val(storage)))
+                                      storage_val(storage), _byte_strides(storage)))
         needed = {a for site in prog.sites for kind, a in site.args if kind == "py"}
         needed |= {variable for _, variable, _ in prog.accumulations}
         needed |= {out[1] for out in prog.outputs if out is not None and out[0] == "py"}
@@ -209,7 +209,7 @@ class CBackward:
         specs, checked = self._input_specs, self._checked
 
         def fix_input(j, arr, sizes):      # a value that is not the traced array: check it
-            i, _, _, _, _, val = specs[j]   # (not through self: the runner is self's)
+            i, _, _, _, _, val, _ = specs[j]   # (not through self: the runner is self's)
             return checked(arr, val, sizes, f"input {i}")
 
         def fix_result(index, j, arr, sizes):   # a hook's result the C cannot read as is
@@ -219,8 +219,8 @@ class CBackward:
             fn=ctypes.cast(fn, ctypes.c_void_p).value,
             refs=tuple((_BOXES.index(box), i, box not in ("sizes", "scalars"))
                        for box, i in prog.pyrefs.values()),
-            inputs=tuple((slot[node], node not in array_only, (shape, np.dtype(dtype).num))
-                         for _, node, _, shape, dtype, _ in specs),
+            inputs=tuple((slot[node], node not in array_only, (shape, np.dtype(dtype).num),
+                          strides) for _, node, _, shape, dtype, _, strides in specs),
             outputs=tuple(outputs),
             accumulations=tuple((slot[variable], v.storage.index, owned, drop)
                                 for (_, variable, v), owned, drop in zip(
@@ -375,15 +375,17 @@ class CBackward:
     # ------------------------------------------------------------ the call
 
     def _take_inputs(self, frame):
-        """The input arrays, checked (C-contiguous, the traced shape and dtype),
-        in ``frame.store`` -- their only owner once the call starts."""
+        """The input arrays, checked (the traced shape, dtype and layout: contiguous,
+        or the strides a saved view had), in ``frame.store`` -- their only owner
+        once the call starts."""
         py, store, arrays = frame.py, frame.store, []
-        for i, node, storage, shape, dtype, val in self._input_specs:
+        for i, node, storage, shape, dtype, val, strides in self._input_specs:
             arr = py[node]
             if type(arr) is not np.ndarray:
                 arr = getattr(arr, "_data", arr)      # a leaf Tensor read as an array
             if not (type(arr) is np.ndarray and arr.shape == shape and arr.dtype == dtype
-                    and arr.flags.c_contiguous):
+                    and (arr.flags.c_contiguous if strides is None
+                         else _same_layout(arr, strides))):
                 arr = self._checked(arr, val, frame.sizes, f"input {i}")  # raises, or copies
             store[storage] = arr
             arrays.append(arr)
@@ -550,8 +552,22 @@ def _whole(v) -> bool:
             and all(n == 1 or a == b for n, a, b in zip(v.shape, v.strides, v.storage.strides)))
 
 
+def _byte_strides(storage):
+    """An input's strides in bytes where it is read strided (static sizes), else
+    None: contiguous."""
+    if storage.strides == contiguous_strides(storage.shape):
+        return None
+    return tuple(st * storage.dtype.itemsize for st in storage.strides)
+
+
+def _same_layout(arr, strides):
+    """Does ``arr`` have the byte ``strides`` (over its dims of more than one element)?"""
+    return arr.size <= 1 or all(n == 1 or a == b for n, a, b in zip(arr.shape, arr.strides,
+                                                                    strides))
+
+
 def storage_val(storage):
-    return Val(storage, storage.dtype, storage.shape)
+    return Val(storage, storage.dtype, storage.shape, storage.strides)
 
 
 def compile_graph(graph, build=True):

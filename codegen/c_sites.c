@@ -216,19 +216,7 @@ static PyObject *make_arg(Call *c, const Arg *a)
 /* An array the C reads as compiled: its shape, dtype and (where it matters) strides. */
 static int conforms_strided(PyObject *obj, const Layout *l, const npy_intp *strides)
 {
-    if (!PyArray_Check(obj))
-        return 0;
-    PyArrayObject *a = (PyArrayObject *)obj;
-    if (PyArray_NDIM(a) != l->ndim || PyArray_TYPE(a) != l->type || !PyArray_ISNOTSWAPPED(a))
-        return 0;
-    for (int d = 0; d < l->ndim; d++)
-        if (PyArray_DIM(a, d) != l->dims[d])
-            return 0;
-    if (PyArray_SIZE(a) > 1)
-        for (int d = 0; d < l->ndim; d++)
-            if (l->dims[d] > 1 && PyArray_STRIDE(a, d) != strides[d])
-                return 0;
-    return 1;
+    return PyArray_Check(obj) && has_layout((PyArrayObject *)obj, l, strides);
 }
 
 /* Callback site ``index``: its ops, its hook, its results handed to C, its ops after. */

@@ -247,6 +247,76 @@ def test_a_relaid_input_is_copied_into_the_traced_layout():
         np.testing.assert_array_equal(a, b)
 
 
+def _attention_scores():
+    """A loss whose matmul saves strided views of one projection (attention's q
+    and k^T), as (make_loss, params)."""
+    rng = np.random.default_rng(0)
+    qk = ca.tensor(rng.standard_normal((2, 6, 16)).astype(np.float32), requires_grad=True)
+
+    def make_loss():
+        q, k = qk.chunk(2, -1)
+        q, k = (z.reshape(2, 6, 2, 4).transpose(1, 2) for z in (q, k))
+        return (q @ k.transpose(-2, -1)).tanh().sum()
+    return make_loss, [qk]
+
+
+def test_saved_views_are_read_in_place_in_their_layout(monkeypatch):
+    make_loss, params = _attention_scores()
+    for p in params:
+        p.grad = None
+    make_loss().backward()
+    eager = [p.grad.numpy().copy() for p in params]
+    native = _grads_of(make_loss, params, python_path=False)
+    fn = _compiled_fn()
+    strided = [s for _, s in fn.prog.inputs if s.strides != tuple(
+        int(np.prod(s.shape[d + 1:])) for d in range(len(s.shape)))]
+    assert len(strided) == 2, [s.strides for _, s in fn.prog.inputs]
+    copies = []
+    checked = CBackward._checked
+    monkeypatch.setattr(CBackward, "_checked", staticmethod(
+        lambda *a: copies.append(a[-1]) or checked(*a)))
+    for python_path in (False, True):
+        for p in params:
+            p.grad = None
+        with C_CALL.disabled() if python_path else contextlib.nullcontext():
+            with ca.compiled_backward(backend="c"):
+                make_loss().backward()       # a cache hit on each path
+        assert copies == [] and compiled.stats["compiles"] == 1
+        np.testing.assert_array_equal(params[0].grad.numpy(), native[0])
+    np.testing.assert_allclose(native[0], eager[0], rtol=1e-5, atol=1e-6)
+    assert _grads_of(make_loss, params, python_path=True)[0].tobytes() == native[0].tobytes()
+
+
+def test_a_saved_view_given_in_another_layout_is_copied_into_the_traced_one():
+    """The key holds no strides: a hit whose saved value comes contiguous (or in
+    any other layout) is copied into the strided layout the C reads."""
+    make_loss, params = _attention_scores()
+    results = {}
+
+    def contiguous(fn, inputs):
+        for i, storage in fn.prog.inputs:
+            if isinstance(inputs[i], np.ndarray) and not inputs[i].flags.c_contiguous:
+                inputs[i] = np.ascontiguousarray(inputs[i])
+
+    for label, change in (("plain", lambda fn, inputs: None), ("contiguous", contiguous)):
+        for p in params:
+            p.grad = None
+        assert _call_both(make_loss, change) == [("ok",), ("ok",)]
+        results[label] = params[0].grad.numpy().copy()
+    np.testing.assert_array_equal(results["plain"], results["contiguous"])
+
+
+def test_only_a_non_overlapping_layout_is_recorded_for_a_saved_value():
+    from compiled_autograd.compiled.tracer import _plain_strides
+    a = np.zeros((4, 6), np.float32)
+    assert _plain_strides(a, a.shape) is None                    # contiguous: the default
+    assert _plain_strides(a.T, a.T.shape) == (1, 6)              # transposed
+    assert _plain_strides(a[:, :3], (4, 3)) == (6, 1)            # a slice of rows
+    assert _plain_strides(np.broadcast_to(a[:1], (4, 6)), (4, 6)) is None   # repeats
+    assert _plain_strides(a[::-1], a.shape) is None              # negative stride
+    assert _plain_strides(a.T, (6, object())) is None             # a size not static
+
+
 def test_a_wrong_input_gives_the_python_paths_error():
     ex = build("mlp", **MLP)
 

@@ -22,7 +22,7 @@ from compiled_autograd.compiled.compiled_args import (INDEX_PARAMS, CompiledNode
                                                       SwapSavedVariables)
 from compiled_autograd.ir import graph as ir
 from compiled_autograd.ir.graph import BOXED, Graph
-from compiled_autograd.autograd.node import AccumulateGrad
+from compiled_autograd.autograd.node import AccumulateGrad, plain_array
 from compiled_autograd.autograd.recipe import Kept, Recipe
 from compiled_autograd.ir.symbolic import SymFloat, SymInt, hint
 from compiled_autograd.autograd.tensor import Tensor
@@ -235,6 +235,7 @@ class Tracer:
                 # (its SavedVariable, plain[i], and how eager's error names it:
                 # passes.saved_reads_after_callbacks)
                 node.meta["saved"] = (where[1], sv.origin(self.source or "backward"))
+                node.meta["strides"] = _plain_strides(plain_array(sv), shape)
             else:
                 _, hook_i, packed_i = where
                 hook = self.getitem("hooks", hook_i, name="hook")
@@ -318,6 +319,26 @@ class Tracer:
         """The getitem of the next unused slot holding ``hook``."""
         slots = self.collected.slot[("hook", id(hook))]
         return self.getitem("hooks", slots.pop(0), name="hook")
+
+
+def _plain_strides(array, shape):
+    """The layout of a value saved without hooks, in elements, for compiled code to
+    read it in place (an attention's q, k and v are views of one projection): the
+    array's strides when the sizes are static and the layout is a non-overlapping
+    one (each element in memory once), else None. A later backward that hits the
+    cache with another layout gets a copy into this one (the key holds no
+    strides), which is exact only because no element of the layout repeats."""
+    if not isinstance(array, np.ndarray) or not all(type(d) is int for d in shape) \
+            or array.size <= 1 or array.flags.c_contiguous:
+        return None
+    size = array.dtype.itemsize
+    dims = sorted((s, n) for n, s in zip(array.shape, array.strides) if n > 1)
+    reach = 1
+    for stride, n in dims:      # innermost first: each dim steps past the ones inside it
+        if stride < 0 or stride % size or stride // size < reach:
+            return None
+        reach = stride // size * n
+    return tuple(s // size for s in array.strides)
 
 
 def _element_strides(sv, shape):
