@@ -20,6 +20,7 @@ DRIVER = """
 #include <math.h>
 {% include "ca_math.h" %}
 void test_exp(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_expf(x[i]); }
+void test_exp_neg(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_exp_neg_f(x[i]); }
 void test_erf(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_erff(x[i]); }
 void test_gelu_grad(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_f(x[i]); }
 void test_gelu_grad_tanh(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_tanh_f(x[i]); }
@@ -35,7 +36,7 @@ int test_has_fma(void) { return 0; }
 def lib():
     path, _ = cbuild.build(_ENV.from_string(DRIVER).render())
     lib = cbuild.load(path)
-    for name in ("test_exp", "test_erf", "test_gelu_grad", "test_gelu_grad_tanh"):
+    for name in ("test_exp", "test_exp_neg", "test_erf", "test_gelu_grad", "test_gelu_grad_tanh"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
@@ -75,6 +76,17 @@ def test_exp_special_values_and_range_ends(lib):
     assert np.isnan(y[0]) and y[1] == np.inf and y[2] == 0.0 and y[3] == 1.0 and y[4] == 1.0
     assert y[5] == np.inf and y[6] == np.inf and y[7] < 1e-44 and y[8] == 0.0
     assert y[9] == pytest.approx(math.exp(-100.0), rel=1e-2)   # subnormal: few bits left
+
+
+def test_exp_of_a_non_positive_argument_is_exps_bit_for_bit(lib):
+    # ca_exp_neg_f, erf's and the GELU derivative's exp, scales by 2^k through the
+    # exponent bits: on its range [-86, 0] that is ca_expf's two exact products.
+    x = np.concatenate([-_sweep(86.0)[:200_000], np.linspace(-86, 0, 200_001, dtype=np.float32),
+                        np.array([0.0, -0.0, -86.0], np.float32)])
+    x = x[(x >= -86) & (x <= 0)]
+    assert _run(lib, "test_exp_neg", x).tobytes() == _run(lib, "test_exp", x).tobytes()
+    y = _run(lib, "test_exp_neg", np.array([np.nan, -np.inf, -1e30, -100.0], np.float32))
+    assert np.isnan(y[0]) and (y[1:] == np.float32(math.exp(-86))).all()   # clamped
 
 
 def test_erf_is_within_two_ulp(lib):
