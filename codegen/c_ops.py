@@ -15,6 +15,7 @@ from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_e
 from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
+from compiled_autograd.runtime.prims_reduce import b_row_major_first, small_product
 
 
 def emit(e, node, lowering):
@@ -198,8 +199,8 @@ def _gemm_prefix(dtype):
 
 
 def _small_product(M, N, K):
-    """A product OpenBLAS runs on one thread with its small-matrix path."""
-    return all(isinstance(d, int) for d in (M, N, K)) and M * N * K <= 65536 * 4
+    """A product OpenBLAS runs on one thread with its small-matrix path (static sizes)."""
+    return all(isinstance(d, int) for d in (M, N, K)) and small_product(M, N, K)
 
 
 def _matmul(e, node, low):
@@ -210,10 +211,8 @@ def _matmul(e, node, low):
     a, (ta, lda) = _gemm_operand(e, a, M, K)
     b, (tb, ldb) = _gemm_operand(e, b, K, N)
     batch = out.shape[:-2]
-    if tb == "CblasTrans" and ta == "CblasNoTrans" and batch and _small_product(M, N, K):
-        # OpenBLAS's small a @ b^T runs at ~60% of its a @ b (benchmarks/backward.py's
-        # floor: 129 against 76 us for attention's 32 products of 64x64x32): b copied
-        # row-major first (K x N, a fraction of the product's time)
+    if _small_product(M, N, K) and b_row_major_first(ta == "CblasTrans", tb == "CblasTrans",
+                                                     bool(batch), M, N, K):
         b = e.materialize(b)
         tb, ldb = _blas_layout(b, K, N)
 

@@ -83,10 +83,31 @@ def transpose_last(x):
     return ops.permute(x, perm=tuple(range(n - 2)) + (n - 1, n - 2))
 
 
+def small_product(M, N, K) -> bool:
+    """A product OpenBLAS runs on one thread with its small-matrix path."""
+    return M * N * K <= 65536 * 4
+
+
+def b_row_major_first(a_transposed, b_transposed, batched, M, N, K) -> bool:
+    """Whether a product's ``b`` is copied row-major before the BLAS call: OpenBLAS's
+    small batched ``a @ b^T`` runs at ~60% of its ``a @ b`` (attention's 32 products
+    of 64x64x32: 129 against 76 us), and the copy costs a fraction of that. The
+    forward's matmul and the C backend's (codegen/c_ops.py) follow this one rule."""
+    return b_transposed and not a_transposed and batched and small_product(M, N, K)
+
+
+def _transposed(x) -> bool:
+    """Column-major in its last two dims (a transposed view): BLAS reads it as op^T."""
+    return x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
+
+
 @prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)),
       c=Template("matmul.c.j2", kind="gemm"))
 def matmul(a, b):
     """Batched matrix product; both operands have at least 2 dims."""
+    if b_row_major_first(_transposed(a), _transposed(b), max(a.ndim, b.ndim) > 2,
+                         a.shape[-2], b.shape[-1], a.shape[-1]):
+        b = np.ascontiguousarray(b)
     return as_array(np.matmul(a, b))
 
 

@@ -368,3 +368,25 @@ def test_layer_norm_affine_in_the_c_backend_matches_eager(dtype):
     if "c" in grads:
         rtol = 1e-5 if dtype == np.float32 else 1e-12
         np.testing.assert_allclose(grads["c"], grads["eager"], rtol=rtol, atol=rtol)
+
+
+def test_a_small_batched_product_copies_a_transposed_b_row_major_first(monkeypatch):
+    """The matmul prim follows the C backend's rule (prims_reduce.b_row_major_first):
+    attention's q @ k^T (32 products of 64x64x32) copies k^T row-major before the
+    BLAS call; a large product, or one whose a is transposed too, does not."""
+    from compiled_autograd.runtime import prims_reduce
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((8, 4, 64, 32)).astype(np.float32) for _ in range(2))
+    big = rng.standard_normal((2, 256, 512)).astype(np.float32)
+    copies = []
+    original = np.ascontiguousarray
+    monkeypatch.setattr(prims_reduce.np, "ascontiguousarray",
+                        lambda x, *a, **kw: copies.append(x.shape) or original(x, *a, **kw))
+    for a, b, copied in ((q, k.swapaxes(-1, -2), True),
+                         (q.swapaxes(-1, -2), k, False),                 # a is transposed
+                         (q[0, 0], k[0, 0].T, False),                     # not batched
+                         (big, big.swapaxes(-1, -2), False)):             # not small
+        copies.clear()
+        got = PRIMS["matmul"](a, b)
+        assert copies == ([b.shape] if copied else []), (a.shape, a.strides, b.strides)
+        np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-5, atol=1e-5)
