@@ -9,64 +9,18 @@
    kernel is read from the prim at each call.
    Calling it, ``forward(prim, args, params)``, does what the reference does:
    - the kernel on the arguments' arrays; the result made C-contiguous and wrapped
-     in a fresh Tensor (a new version counter, no history);
+     in a fresh Tensor (a new version counter, no history) -- or, for a view prim
+     whose result shares its first argument's memory, wrapped as a view of it
+     (forward_objects.c's new_view: the base's counter);
    - when the prim is differentiable, the result floating, grad mode on and some
      argument needs a gradient: the edges (a view's grad_fn and a leaf's
      AccumulateGrad are asked of Python), the node (next_functions,
      input_metadata, a sequence number, params, shapes, dtypes), its saved values
      as SavedVariables (the result saved after it has the node as grad_fn).
-   Anything else -- a view prim, an interceptor, memory accounting, a kernel hook,
+   Anything else -- an interceptor, memory accounting, a kernel hook,
    saved-tensor hooks, an argument that is not a plain Tensor -- goes to the
    reference before anything runs. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
-#include "pool.h"
-
-#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
-
-/* Tensor fields, in the order of TENSOR_SLOTS (forward.py). */
-enum { T_DATA, T_REQUIRES_GRAD, T_GRAD_FN, T_OUTPUT_NR, T_VERSION_COUNTER, T_BASE,
-       T_VIEW_VERSION, T_GRAD, T_GRAD_ACC_REF, T_RETAINS_GRAD, T_BACKWARD_HOOKS,
-       T_POST_ACC_HOOKS, T_CREATION, T_GRAD_LOCK, T_N };
-/* Node fields (NODE_SLOTS). */
-enum { N_NEXT, N_INPUT_META, N_SEQUENCE, N_METADATA, N_SAVED, N_PARAMS, N_SHAPES, N_DTYPES,
-       N_N };
-/* SavedVariable fields (SAVED_SLOTS). */
-enum { S_TENSOR, S_DATA, S_VERSION_COUNTER, S_SAVED_VERSION, S_IS_OUTPUT, S_REQUIRES_GRAD,
-       S_OUTPUT_NR, S_GRAD_FN_NAME, S_RELEASED, S_SHAPE, S_DTYPE, S_PACKED, S_UNPACK_HOOK,
-       S_GRAD_FN, S_LEAF, S_PACKED_KIND, S_TENSOR_REF, S_N };
-
-/* A save-spec entry: an argument, the result, or every argument after the first;
-   ``cond``: saved only when that argument's edge has a node (-1: always). */
-enum { SAVE_ARG, SAVE_OUT, SAVE_TAIL };
-typedef struct { int kind, index, cond; } SaveItem;
-
-typedef struct {
-    PyObject *cls, *name;               /* name: the node class's, for a saved output */
-    int view, differentiable, n_save;
-    int min_args;                       /* the save spec's largest index + 1 */
-    SaveItem *save;
-} Plan;
-
-typedef struct {
-    PyObject_HEAD
-    PyTypeObject *tensor_base, *tensor, *saved, *counter;
-    Py_ssize_t t[T_N], n[N_N], s[S_N], counter_value;
-    Py_ssize_t kernel;        /* Prim.kernel's slot: read at each call (tests wrap it) */
-    PyObject *plans;          /* dict: prim -> capsule of a Plan */
-    PyObject *reference;      /* apply_prim_reference(prim, args, params) */
-    PyObject *grad_accumulator, *sequence;
-    PyObject *interceptors, *trackers;      /* lists: non-empty -> the reference */
-    PyObject *prims_globals;  /* _kernel_hook */
-    PyObject *grad_enabled, *hooks_stack;   /* ContextVars: grad mode, hook stack */
-    PyObject *no_edge;        /* (None, 0) */
-} Forward;
-
-static PyObject *s_kernel_hook, *s_grad_fn, *s_requires_grad;
+#include "forward.h"
 
 static int offsets(PyObject *descrs, Py_ssize_t *out, Py_ssize_t n, PyTypeObject **owner)
 {
@@ -222,160 +176,6 @@ static int forward_init(Forward *f, PyObject *args, PyObject *kwds)
     return f->no_edge == NULL ? -1 : 0;
 }
 
-/* Set a slot to a new reference (stolen), dropping what it held. */
-static inline void put(PyObject *obj, Py_ssize_t offset, PyObject *value)
-{
-    PyObject *old = SLOT(obj, offset);
-    SLOT(obj, offset) = value;
-    Py_XDECREF(old);
-}
-
-static PyObject *nones(Py_ssize_t n);
-
-static PyObject *shape_tuple(PyArrayObject *a)
-{
-    int nd = PyArray_NDIM(a);
-    PyObject *t = nones(nd);
-    for (int i = 0; t != NULL && i < nd; i++) {
-        PyObject *d = PyLong_FromSsize_t(PyArray_DIM(a, i));
-        if (d == NULL)
-            Py_CLEAR(t);
-        else
-            PyTuple_SetItem(t, i, d);
-    }
-    return t;
-}
-
-/* Tensor._make(data): a fresh Tensor with no history. */
-static PyObject *new_tensor(Forward *f, PyObject *data)
-{
-    PyObject *counter = f->counter->tp_alloc(f->counter, 0);
-    if (counter == NULL)
-        return NULL;
-    SLOT(counter, f->counter_value) = PyLong_FromLong(0);
-    PyObject *t = f->tensor->tp_alloc(f->tensor, 0);
-    if (t == NULL) {
-        Py_DECREF(counter);
-        return NULL;
-    }
-    const Py_ssize_t *o = f->t;
-    SLOT(t, o[T_DATA]) = Py_NewRef(data);
-    SLOT(t, o[T_REQUIRES_GRAD]) = Py_NewRef(Py_False);
-    SLOT(t, o[T_GRAD_FN]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_OUTPUT_NR]) = PyLong_FromLong(0);
-    SLOT(t, o[T_VERSION_COUNTER]) = counter;
-    SLOT(t, o[T_BASE]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_VIEW_VERSION]) = PyLong_FromLong(0);
-    SLOT(t, o[T_GRAD]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_GRAD_ACC_REF]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_RETAINS_GRAD]) = Py_NewRef(Py_False);
-    SLOT(t, o[T_BACKWARD_HOOKS]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_POST_ACC_HOOKS]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_CREATION]) = Py_NewRef(Py_None);
-    SLOT(t, o[T_GRAD_LOCK]) = Py_NewRef(Py_None);
-    return t;
-}
-
-/* SavedVariable(tensor, is_output, grad_fn_name) without saved-tensor hooks. */
-static PyObject *new_saved(Forward *f, PyObject *tensor, int is_output, PyObject *name)
-{
-    const Py_ssize_t *o = f->s, *t = f->t;
-    /* (held, not borrowed: the requires_grad property and the allocations below
-       may run Python code, a garbage collection's callbacks too) */
-    PyObject *data = Py_XNewRef(SLOT(tensor, t[T_DATA]));
-    PyObject *grad_fn = Py_XNewRef(SLOT(tensor, t[T_GRAD_FN]));
-    PyObject *counter = Py_XNewRef(SLOT(tensor, t[T_VERSION_COUNTER]));
-    PyObject *output_nr = Py_XNewRef(SLOT(tensor, t[T_OUTPUT_NR]));
-    PyObject *base = SLOT(tensor, t[T_BASE]);
-    PyObject *requires_grad = NULL, *version = NULL, *shape = NULL, *sv = NULL;
-    if (data == NULL || grad_fn == NULL || base == NULL || counter == NULL
-        || output_nr == NULL || !PyArray_CheckExact(data)) {
-        PyErr_SetString(PyExc_TypeError, "Forward: a saved tensor without its fields");
-        goto done;
-    }
-    if (base != Py_None) {
-        requires_grad = PyObject_GetAttr(tensor, s_requires_grad);   /* (a view's) */
-        if (requires_grad == NULL)
-            goto done;
-    } else {
-        PyObject *own = SLOT(tensor, t[T_REQUIRES_GRAD]);
-        requires_grad = Py_NewRef((own == Py_True || grad_fn != Py_None) ? Py_True : Py_False);
-    }
-    version = Py_XNewRef(SLOT(counter, f->counter_value));
-    shape = version ? shape_tuple((PyArrayObject *)data) : NULL;
-    sv = shape ? f->saved->tp_alloc(f->saved, 0) : NULL;
-    if (sv == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_AttributeError, "Forward: a version counter without its value");
-        goto done;
-    }
-    /* (no allocation from here on: nothing runs while the fields are being set) */
-    SLOT(sv, o[S_PACKED]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_UNPACK_HOOK]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_GRAD_FN]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_LEAF]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_PACKED_KIND]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_TENSOR_REF]) = Py_NewRef(Py_None);
-    SLOT(sv, o[S_VERSION_COUNTER]) = Py_NewRef(counter);
-    SLOT(sv, o[S_SAVED_VERSION]) = Py_NewRef(version);
-    SLOT(sv, o[S_IS_OUTPUT]) = Py_NewRef(is_output ? Py_True : Py_False);
-    SLOT(sv, o[S_SHAPE]) = Py_NewRef(shape);
-    SLOT(sv, o[S_DTYPE]) = Py_NewRef((PyObject *)PyArray_DESCR((PyArrayObject *)data));
-    SLOT(sv, o[S_RELEASED]) = Py_NewRef(Py_False);
-    SLOT(sv, o[S_OUTPUT_NR]) = Py_NewRef(output_nr);
-    SLOT(sv, o[S_GRAD_FN_NAME]) = Py_NewRef(name != NULL ? name : Py_None);
-    SLOT(sv, o[S_REQUIRES_GRAD]) = Py_NewRef(requires_grad);
-    if (is_output && grad_fn != Py_None) {
-        SLOT(sv, o[S_TENSOR]) = Py_NewRef(Py_None);     /* (no node -> tensor -> node) */
-        SLOT(sv, o[S_DATA]) = Py_NewRef(data);
-    } else {
-        SLOT(sv, o[S_TENSOR]) = Py_NewRef(tensor);
-        SLOT(sv, o[S_DATA]) = Py_NewRef(Py_None);
-    }
-done:
-    Py_XDECREF(data);
-    Py_XDECREF(grad_fn);
-    Py_XDECREF(counter);
-    Py_XDECREF(output_nr);
-    Py_XDECREF(requires_grad);
-    Py_XDECREF(version);
-    Py_XDECREF(shape);
-    return sv;
-}
-
-static inline int is_tensor(Forward *f, PyObject *a)
-{
-    return PyObject_TypeCheck(a, f->tensor_base);
-}
-
-/* Whether tensor ``a`` is one the C writes and reads as the reference would: its
-   fields set (a proxy's _data is no slot) and its storage a base-class ndarray (a
-   numpy scalar or an ndarray subclass goes to the reference). */
-static int plain_fields(Forward *f, PyObject *a)
-{
-    const Py_ssize_t *t = f->t;
-    PyObject *data = SLOT(a, t[T_DATA]);
-    return data != NULL && PyArray_CheckExact(data) && SLOT(a, t[T_GRAD_FN]) != NULL
-           && SLOT(a, t[T_BASE]) != NULL && SLOT(a, t[T_OUTPUT_NR]) != NULL
-           && SLOT(a, t[T_REQUIRES_GRAD]) != NULL && SLOT(a, t[T_VERSION_COUNTER]) != NULL;
-}
-
-/* A tuple of ``n`` Nones: filled item by item (PyTuple_SetItem), so that no tuple
-   with a NULL item is ever seen -- an allocation in between may run a garbage
-   collection, and its callbacks may look at every object. */
-static PyObject *nones(Py_ssize_t n)
-{
-    PyObject *t = PyTuple_New(n);
-    for (Py_ssize_t i = 0; t != NULL && i < n; i++)
-        PyTuple_SET_ITEM(t, i, Py_NewRef(Py_None));
-    return t;
-}
-
-/* The value saved for ``a``: a SavedVariable for a tensor, else ``a`` itself. */
-static PyObject *save_value(Forward *f, PyObject *a)
-{
-    return is_tensor(f, a) ? new_saved(f, a, 0, NULL) : Py_NewRef(a);
-}
 
 static PyObject *reference(Forward *f, PyObject *prim, PyObject *args, PyObject *params)
 {
@@ -421,7 +221,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     Plan *p = PyCapsule_GetPointer(capsule, "forward.plan");
     if (p == NULL)
         return NULL;
-    int u = p->view ? 1 : unusual(f);
+    int u = unusual(f);
     if (u != 0)
         return u < 0 ? NULL : reference(f, prim, args, params);
     Py_ssize_t n = PyTuple_GET_SIZE(args);
@@ -432,6 +232,12 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         if (is_tensor(f, a) && !plain_fields(f, a))
             return reference(f, prim, args, params);
     }
+    /* A view prim's result is a view of its first argument where it shares its
+       memory (a reshape may copy instead): made as make_view does. */
+    PyObject *source = p->view && n > 0 && is_tensor(f, PyTuple_GET_ITEM(args, 0))
+                           ? PyTuple_GET_ITEM(args, 0) : NULL;
+    if (source != NULL && !viewable(f, source))
+        return reference(f, prim, args, params);
 
     /* the kernel, on the arrays */
     PyObject *arrays = PyTuple_New(n);
@@ -465,16 +271,31 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
     }
     PyObject *out = PyObject_Call(kernel, arrays, PyDict_GET_SIZE(params) ? params : NULL);
     Py_DECREF(kernel);
-    Py_DECREF(arrays);
     if (out != NULL && !PyArray_CheckExact(out))    /* np.asarray: a base-class array */
         Py_SETREF(out, PyArray_FromAny(out, NULL, 0, 0, NPY_ARRAY_ENSUREARRAY, NULL));
-    if (out != NULL && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
+    int as_view = out != NULL && source != NULL
+                  && may_share_memory((PyArrayObject *)out,
+                                      (PyArrayObject *)PyTuple_GET_ITEM(arrays, 0));
+    Py_DECREF(arrays);
+    if (out != NULL && !as_view && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out))
         Py_SETREF(out, PyArray_NewCopy((PyArrayObject *)out, NPY_CORDER));
     if (numpy_handler != NULL && from->leave(numpy_handler) < 0)
         Py_CLEAR(out);
     if (out == NULL)
         return NULL;
-    PyObject *result = new_tensor(f, out);
+    PyObject *result;
+    if (as_view) {
+        PyObject *enabled;
+        if (PyContextVar_Get(f->grad_enabled, NULL, &enabled) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        int on = enabled == NULL || PyObject_IsTrue(enabled);
+        Py_XDECREF(enabled);
+        result = on < 0 ? NULL : new_view(f, out, source, on);
+    } else {
+        result = new_tensor(f, out);
+    }
     if (result == NULL) {
         Py_DECREF(out);
         return NULL;
@@ -727,8 +548,8 @@ PyMODINIT_FUNC PyInit__forward(void)
     s_kernel_hook = PyUnicode_InternFromString("_kernel_hook");
     s_grad_fn = PyUnicode_InternFromString("grad_fn");
     s_requires_grad = PyUnicode_InternFromString("requires_grad");
-    if (!s_kernel_hook || !s_grad_fn
-        || !s_requires_grad)
+    s_no_grad = PyUnicode_InternFromString("no_grad");
+    if (!s_kernel_hook || !s_grad_fn || !s_requires_grad || !s_no_grad)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -11,7 +11,8 @@ from pathlib import Path
 from compiled_autograd.runtime import pool
 from compiled_autograd.runtime.extension import Extension
 
-FORWARD = Extension("_forward", (Path(__file__).with_name("forward.c"),),
+FORWARD = Extension("_forward", (Path(__file__).with_name("forward_objects.c"),
+                                 Path(__file__).with_name("forward.c")),
                     "the forward's C path", "CA_C_FORWARD", numpy_headers=True,
                     on_load=lambda module: module.use_allocator(pool.api()))
 

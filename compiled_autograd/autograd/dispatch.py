@@ -144,7 +144,7 @@ def apply_prim_reference(prim, args, params, make):
     """``apply_prim`` in Python: the reference the C path is tested against, and
     what runs where the C is not built and for every case it hands back
     (interceptors -- selective checkpointing, checkpoint debugging, memory
-    plans --, views, saved-tensor hooks, memory accounting)."""
+    plans --, saved-tensor hooks, memory accounting)."""
     arrays = [a._data if isinstance(a, TensorBase) else a for a in args]
     if _interceptors:
         out = _interceptors[-1](prim, arrays, params)
