@@ -7,6 +7,7 @@ This module sits below Tensor: it makes tensors with ``x._make`` of a tensor at 
 (``_promote``, ``_as_tensor`` take the one to use)."""
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numpy as np
@@ -288,11 +289,11 @@ def _infer_shape(self, shape):
     if shape.count(-1) > 1:
         raise RuntimeError("only one dimension can be inferred")
     if -1 in shape:
-        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        known = int(math.prod([s for s in shape if s != -1]))
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape[shape.index(-1)] = numel // known
-    if int(np.prod(shape, dtype=np.int64)) != numel:
+    if int(math.prod(shape)) != numel:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
     return tuple(shape)
 
