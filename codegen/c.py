@@ -13,7 +13,9 @@ prim's record holds its C expression, the others name their template file):
   so every read of an input happens where the graph puts it;
 - an elementwise node whose single user is an elementwise node of the same shape
   (or a sum/amax reading it) is *fused*: its expression is inlined into the user's
-  loop, so it never touches memory;
+  loop, so it never touches memory; a cheap one (plain arithmetic) with up to
+  MAX_RECOMPUTE such users is recomputed in each of their loops rather than
+  stored and read back;
 - every other value gets a buffer: in the arena (offsets from ``arena.plan`` over the
   buffers' live ranges; ``c_memory`` places them), or, for a gradient handed to
   ``.grad`` or a returned value, an array Python allocates;
@@ -35,31 +37,22 @@ records.
 """
 from __future__ import annotations
 
-import bisect
-
 import jinja2
 import numpy as np
 
 from compiled_autograd.codegen import c_memory, c_ops, c_threads
+from compiled_autograd.codegen.c_fusion import fusable, lowering
 from compiled_autograd.codegen.c_layout import (Storage, Val, broadcast_strides, c_expr, ctype, dim,
                                                 in_layout, mul)
 from compiled_autograd.codegen.c_text import ENV as _ENV
 from compiled_autograd.codegen.c_text import Stmt, literal, split_parts
 from compiled_autograd.codegen.python import _comment
-from compiled_autograd.ir.graph import Node, is_store
+from compiled_autograd.ir.graph import Node
 from compiled_autograd.ir.symbolic import SymFloat, SymInt
 from compiled_autograd.runtime.cbuild import array_data_offset, blas
-from compiled_autograd.runtime.lowering import SAME_LOOP
 from compiled_autograd.runtime.prims import PRIMS
 
 _EXPR_CACHE: dict[str, jinja2.Template] = {}
-
-
-def lowering(node):
-    """The C lowering record of a call_function node's prim, or None (``getitem``
-    and other IR-level targets are not prims)."""
-    p = PRIMS.get(node.target) if node.op == "call_function" else None
-    return p.c if p is not None else None
 
 
 def _used_as_array(node) -> bool:
@@ -122,8 +115,6 @@ class CProgram:
         self.gemms: list = []         # each BLAS call site: a Gemm (its floor: benchmarks)
 
 
-# The deepest expression fused into one loop (see Emitter._fusable)
-MAX_FUSED_DEPTH = 32
 
 
 class Emitter:
@@ -136,66 +127,12 @@ class Emitter:
         self.named: set = set()       # storages the statement being built names
         self.step = 0
         self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
-        self.fused = self._fusable()
+        self.fused = fusable(graph)
         self.read_until = self._last_reads()
         self.site_of: dict = {}     # hook node -> its callback Site
         self.wants_out = self._wanted_outputs()
 
     # ------------------------------------------------------------ planning passes
-
-    def _fusable(self):
-        """The elementwise nodes inlined into their single user's loop, as the
-        lowering records allow: the producer's is ``fusable``, the user's
-        ``inlines`` the operand it is."""
-        fused = set()
-        step = {n: i for i, n in enumerate(self.graph.nodes)}
-        # Barriers: a store, and a call into Python that may write an input array in
-        # place (a hook updating a parameter, a custom backward); not an unpack
-        # hook's or an accumulation's, which make or write arrays of their own.
-        stores = [step[n] for n in self.graph.nodes if is_store(n) or (
-            n.op == "call_hook" and n.target not in ("unpack_hook", "accumulate_grad"))]
-        for n in self.graph.nodes:
-            low = lowering(n)
-            if low is None or not low.fusable or len(n.users) != 1:
-                continue
-            (u,) = n.users
-            # A fused node is evaluated in its user's loop: never past a barrier,
-            # which may overwrite an input it reads.
-            if stores and bisect.bisect_left(stores, step[n]) != \
-                    bisect.bisect_left(stores, step[u]):
-                continue
-            if is_store(u):
-                if u.args[1] is n and u.args[0] is not n and \
-                        tuple(map(dim, n.meta["shape"])) == tuple(map(dim, u.args[0].meta["shape"])):
-                    fused.add(n)
-                continue
-            user = lowering(u)
-            if user is None:
-                continue
-            if sum(a is n for a in u.args) != 1 or any(v is n for v in u.kwargs.values()):
-                continue
-            if user.inlines == SAME_LOOP:
-                if tuple(map(dim, n.meta["shape"])) != tuple(map(dim, u.meta["shape"])):
-                    continue
-            elif not any(u.args[i] is n for i in user.inlines if i < len(u.args)):
-                continue
-            fused.add(n)
-        # A chain of single-use elementwise ops (a simulation's steps) would fuse
-        # into one expression as deep as the chain: past MAX_FUSED_DEPTH levels a
-        # node is materialized instead, which bounds both the Python recursion
-        # of ``expression``/``operand`` and the nesting of the C the compiler
-        # parses, whatever the graph's length.
-        depth = {}
-        for n in self.graph.nodes:
-            if n not in fused:
-                continue
-            d = 1 + max((depth[a] for a in n.args if isinstance(a, Node) and a in depth),
-                        default=0)
-            if d > MAX_FUSED_DEPTH:
-                fused.discard(n)
-            else:
-                depth[n] = d
-        return fused
 
     def _last_reads(self):
         """Each value's last read step, from the graph's one liveness analysis
@@ -205,10 +142,8 @@ class Emitter:
         input dies in it."""
         step = {n: i for i, n in enumerate(self.graph.nodes)}
 
-        def read_step(n):
-            while n in self.fused:
-                (n,) = n.users
-            return step[n]
+        def read_step(n):      # (a recomputed node: at its last user's loop)
+            return max(map(read_step, n.users)) if n in self.fused else step[n]
         position = {n: read_step(n) for n in self.graph.nodes}
         return {value: position[reader]
                 for reader, values in self.graph.last_uses(position).items()

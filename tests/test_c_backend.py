@@ -699,3 +699,43 @@ def test_a_negative_nan_constant_keeps_its_sign():
     assert literal(float("nan"), "float") == "((float)NAN)"
     assert literal(2**100, "float") == "((float)1.2676506002282294e+30)"
     assert literal(2**100, "int64_t") == "((int64_t)1267650600228229401496703205376LL)"
+
+
+@needs_cc
+def test_a_cheap_value_with_several_users_is_recomputed_in_their_loops(monkeypatch):
+    """A layer norm's backward reads x - mean in the variance's sum and in x-hat,
+    and g * w in two sums and dx: such a cheap value (plain arithmetic, at most
+    MAX_RECOMPUTE users, each a loop over its shape) is recomputed in each loop
+    instead of written once and read back; a transcendental one never is. The
+    gradients are the same bits either way."""
+    from compiled_autograd.codegen import c as c_emitter
+    from compiled_autograd.codegen import c_fusion
+    from compiled_autograd.codegen.c_threads import cost
+    rng = np.random.default_rng(0)
+    x, w, b = (ca.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True)
+               for s in ((6, 16), (16,), (16,)))
+    t = ca.tensor(rng.standard_normal((6, 16)).astype(np.float32))
+
+    def make_loss():
+        return (ca.nn.functional.layer_norm(x, (16,), w, b) * t).exp().sum()
+
+    emitter = c_emitter.Emitter(ca.trace_backward(make_loss()).graph)
+    shared = [n for n in emitter.fused if len(n.users) > 1]
+    assert shared and all(len(n.users) <= c_fusion.MAX_RECOMPUTE
+                          and cost(PRIMS[n.target].c.options["expr"]) == 1 for n in shared)
+    grads = {}
+    for limit in (1, c_fusion.MAX_RECOMPUTE):     # 1: every such value stored
+        monkeypatch.setattr(c_fusion, "MAX_RECOMPUTE", limit)
+        ca.reset_compiled_autograd()
+        for p in (x, w, b):
+            p.grad = None
+        with ca.compiled_backward(backend="c"):
+            make_loss().backward()
+        grads[limit] = [p.grad.numpy().tobytes() for p in (x, w, b)]
+    assert grads[1] == grads[c_fusion.MAX_RECOMPUTE]
+    for p in (x, w, b):
+        p.grad = None
+    make_loss().backward()
+    for p, got in zip((x, w, b), grads[1]):
+        np.testing.assert_allclose(np.frombuffer(got, np.float32).reshape(p.shape), p.grad.numpy(),
+                                   rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ import pytest
 
 import compiled_autograd as ca
 from compiled_autograd.codegen import c as c_codegen
+from compiled_autograd.codegen import c_fusion
 from helpers import needs_cc
 
 
@@ -26,7 +27,7 @@ def test_c_codegen_of_a_long_elementwise_chain_needs_no_deep_recursion():
     assert len(graph.nodes) > 3000
     prog = c_codegen.generate(graph)
     depth = max(_nesting(line) for line in prog.source.splitlines())
-    assert depth < 4 * c_codegen.MAX_FUSED_DEPTH, depth
+    assert depth < 4 * c_fusion.MAX_FUSED_DEPTH, depth
 
 
 def _nesting(line):
@@ -43,7 +44,7 @@ def test_a_long_chain_compiles_and_gives_eagers_gradients(backend, monkeypatch,
                                                           fresh_compiled_cache):
     # (A short fusion limit on C: the same materialized cuts as a long chain, with
     # a build that stays quick)
-    monkeypatch.setattr(c_codegen, "MAX_FUSED_DEPTH", 4)
+    monkeypatch.setattr(c_fusion, "MAX_FUSED_DEPTH", 4)
     x, loss = simulate(1200 if backend == "python" else 60)
     steps = 1200 if backend == "python" else 60
     loss.backward()
