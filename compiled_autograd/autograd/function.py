@@ -23,14 +23,18 @@ from compiled_autograd.runtime import memory
 from compiled_autograd.runtime.memory import on_array
 from compiled_autograd.runtime.prims import ops
 
-# Attributes of the node itself; anything else on ctx is the user's.
-_NODE_ATTRS = {"next_functions", "input_metadata", "needs_input_grad", "materialize_grads",
-               "user_code"}
+# Attributes of the node itself that may be set on its __dict__; anything else
+# there not starting with "_" is the user's.
+_NODE_ATTRS = {"user_code"}
 
 
 class FunctionBackward(Node):
     """The backward node (and ctx) of a custom Function."""
 
+    # The ctx's own state lives in slots: its __dict__ holds the user's attributes
+    # (and hooks), which compiled_args scans at every backward.
+    __slots__ = ("needs_input_grad", "materialize_grads", "_to_save", "_saved", "_saved_nones",
+                 "_swapped", "_non_differentiable", "_tensor_inputs")
     _forward_cls = None
     user_code = True  # its gradients are validated like a hook's
 
@@ -39,6 +43,7 @@ class FunctionBackward(Node):
         self.materialize_grads = True
         self._to_save = ()
         self._saved = None
+        self._saved_nones = ()      # which saved values are None (a key item)
         self._swapped = None
         self._non_differentiable = set()
 
@@ -131,32 +136,33 @@ class FunctionBackward(Node):
     # falling back to the node when that fails.
 
     def compiled_args(self, args) -> None:
-        saved = self._saved or ()
+        cls = self._forward_cls
         # The class (by identity), its flags, which saved values are None: the
         # node's first key item, led by the class (cache.miss_reason names a node
         # by its first item's type).
-        head = (self._forward_cls, self.needs_input_grad, self.materialize_grads,
-                tuple([sv is None for sv in saved]))
-        inline = self._forward_cls.inline_backward
+        head = (cls, self.needs_input_grad, self.materialize_grads, self._saved_nones)
+        attrs = self._user_attrs()
+        inline = cls.inline_backward
         if not inline:
             # Which gradients a backward returns as None is traced into its graph
             # (compiled.api learns it); a flag on ctx often decides it: key them.
-            args.collect(head + tuple([(k, v) for k, v in self._user_attrs()
-                                       if v is None or v.__class__ is bool]))
+            args.collect(head + tuple([(k, v) for k, v in attrs
+                                       if v is None or v.__class__ is bool]) if attrs else head)
         else:
             args.collect(head)
         args.collect_hook("call_backward", None, self)   # the ctx the node calls with
         if inline:
             args.collect_sizes(self._output_shapes(), owner=self)
-            for key, value in self._user_attrs():
+            for key, value in attrs:
                 # What a traced backward reads from ctx is baked into the graph:
                 # key it by value.
                 args.collect((key, _freeze(value, args)))
-        for sv in saved:
+        for sv in self._saved or ():
             if sv is not None:
                 args.collect_saved(sv)
 
     def _user_attrs(self):
+        """The user's attributes on ctx, sorted: (name, value) pairs."""
         attrs = [(k, v) for k, v in self.__dict__.items()
                  if k[:1] != "_" and k not in _NODE_ATTRS]
         if len(attrs) > 1:
@@ -348,6 +354,7 @@ class Function(metaclass=_FunctionMeta):
         # output -> ctx, a cycle only gc.collect() frees (torch clears to_save).
         to_save, ctx._to_save = ctx._to_save, ()
         ctx._saved = tuple(_save(t, produced, ctx) for t in to_save)
+        ctx._saved_nones = tuple([sv is None for sv in ctx._saved])
         return wrapped[0] if single else tuple(wrapped)
 
 
