@@ -141,39 +141,37 @@ class GraphTask:
         self.captures = {}       # (node, input_nr) -> capture index
         self._root_fns = [fn for (fn, _), _ in roots]
         # nodes: every reachable node, discovery order; index: node -> its rank in
-        # discovery (first sight) order; _ranked: the nodes in rank order.
+        # discovery (first sight) order, its keys in rank order.
         self._discover()
 
     def _discover(self):
         """Every node reachable from the roots (depth first) and each node's rank
         (the order of first sight)."""
-        self.nodes, self.index, self._ranked = [], {}, []
-        index, stack, nodes, ranked = self.index, [], self.nodes, self._ranked
+        nodes, index, stack = [], {}, []
+        self.nodes, self.index = nodes, index
         for fn in self._root_fns:
             if fn not in index:
-                index[fn] = len(ranked)
-                ranked.append(fn)
+                index[fn] = len(index)
                 stack.append(fn)
         while stack:
             fn = stack.pop()
             nodes.append(fn)
             for nxt, _ in fn.next_functions:
-                if nxt is not None and nxt not in index:
-                    index[nxt] = len(ranked)
-                    ranked.append(nxt)
+                if nxt not in index and nxt is not None:
+                    index[nxt] = len(index)
                     stack.append(nxt)
 
     @property
     def dependencies(self) -> dict:
         """node -> the number of edges into it (only the walks need it)."""
         if self._dependencies is None:
-            counts = [0] * len(self._ranked)
             index = self.index
+            counts = [0] * len(index)
             for fn in self.nodes:
                 for nxt, _ in fn.next_functions:
                     if nxt is not None:
                         counts[index[nxt]] += 1
-            self._dependencies = {fn: n for fn, n in zip(self._ranked, counts) if n}
+            self._dependencies = {fn: n for fn, n in zip(index, counts) if n}
         return self._dependencies
 
     def restrict_to(self, input_edges, execute_inputs):

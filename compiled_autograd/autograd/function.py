@@ -37,6 +37,7 @@ class FunctionBackward(Node):
                  "_swapped", "_non_differentiable", "_tensor_inputs")
     _forward_cls = None
     user_code = True  # its gradients are validated like a hook's
+    holds_only_collected = True   # (compiled_args collects every saved value)
 
     def _start(self, needs_input_grad):
         self.needs_input_grad = needs_input_grad
@@ -99,16 +100,19 @@ class FunctionBackward(Node):
         """The user's returned gradients -> one per forward argument."""
         if not isinstance(result, tuple):
             result = (result,)
-        n = len(self.next_functions)
-        if len(result) != n and (len(result) < n or any(r is not None for r in result[n:])):
-            raise RuntimeError(f"function {self.name()} returned an incorrect number of "
-                               f"gradients (expected {n}, got {len(result)})")
+        edges = self.next_functions
+        n = len(edges)
+        if len(result) != n:
+            if len(result) < n or any(r is not None for r in result[n:]):
+                raise RuntimeError(f"function {self.name()} returned an incorrect number of "
+                                   f"gradients (expected {n}, got {len(result)})")
+            result = result[:n]
         out = []
-        for i, ((fn, _), r) in enumerate(zip(self.next_functions, result[:n])):
-            if r is not None and not self._tensor_inputs[i]:
+        for (fn, _), r, tensor_input in zip(edges, result, self._tensor_inputs):
+            if r is not None and not tensor_input:
                 raise RuntimeError(f"function {self.name()} returned a gradient different than "
-                                   f"None at position {i + 1}, but the corresponding forward "
-                                   "input was not a Variable")
+                                   f"None at position {len(out) + 1}, but the corresponding "
+                                   "forward input was not a Variable")
             if fn is None or r is None:
                 out.append(None)
                 continue

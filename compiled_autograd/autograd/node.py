@@ -50,6 +50,10 @@ class Node:
     _priority = 1
     accumulates_grad = False   # True for AccumulateGrad: its ``variable`` is a leaf
     user_code = False          # True where user code computes the gradients (checked)
+    # True where all the node holds for its backward is the saved variables its
+    # compiled_args collects: a compiled backward, releasing those, need not ask
+    # the node to release anything (collection.collect_node).
+    holds_only_collected = False
 
     def __init__(self, next_functions, input_metadata):
         self.next_functions = tuple(next_functions)
@@ -110,6 +114,7 @@ class PrimBackward(Node):
     """The backward of one prim call. Subclassed once per prim (see node_class)."""
 
     prim = None  # set on each subclass
+    holds_only_collected = True
     __slots__ = ("saved", "params", "shapes", "dtypes")
 
     def __init__(self, next_functions, input_metadata, saved, params, shapes, dtypes):
@@ -228,6 +233,7 @@ class AccumulateGrad(Node):
 
     _priority = 0
     accumulates_grad = True
+    holds_only_collected = True   # (nothing)
     __slots__ = ("variable",)
 
     def __init__(self, variable):

@@ -196,7 +196,8 @@ def run(roots, retain_graph, input_edges, accumulate, context):
         return out
     checks = entry.version_checks
     # The boxed list becomes the only owner of the saved values: release them
-    # (a prim node holds nothing else), and whatever other nodes hold.
+    # (most nodes hold nothing else: Node.holds_only_collected), and whatever
+    # other nodes hold.
     release = not retain_graph
     values = collected.runtime_inputs(release)
     if release:
