@@ -523,6 +523,21 @@ static void forward_dealloc(Forward *f)
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
+/* ``Forward.make(data)``: Tensor._make in C (tensor.py's ``_make`` is the reference). */
+static PyObject *forward_make(Forward *f, PyObject *data)
+{
+    if (f->plans == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Forward: not initialised");
+        return NULL;
+    }
+    return new_tensor(f, data);
+}
+
+static PyMethodDef forward_methods[] = {
+    {"make", (PyCFunction)forward_make, METH_O,
+     "make(data): a fresh Tensor over data with no history (Tensor._make)."},
+    {NULL, NULL, 0, NULL}};
+
 static PyTypeObject ForwardType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "_forward.Forward",
@@ -535,6 +550,7 @@ static PyTypeObject ForwardType = {
     .tp_init = (initproc)forward_init,
     .tp_dealloc = (destructor)forward_dealloc,
     .tp_call = (ternaryfunc)forward_call,
+    .tp_methods = forward_methods,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forward", NULL, -1, module_methods,

@@ -313,3 +313,27 @@ def test_views_share_their_bases_counter_as_the_reference_makes_them(fast):
         (v.sum() + w.sum() + c.sum()).backward()
         # v: 1, doubled where w doubled a (columns 1-3); w: 2 there; c: 1
         np.testing.assert_array_equal(x.grad.numpy(), [[2, 5, 5, 5]] * 3)
+
+
+def test_tensor_make_is_the_c_paths_and_makes_the_references_tensor(fast):
+    """On "c", ``Tensor._make`` is the C forward's ``make``; on "reference",
+    tensor.py's ``_make``: both make a Tensor with the same fields, over the very
+    object they are given (a numpy scalar too), each with its own version counter."""
+    from compiled_autograd.autograd import tensor as tensor_module
+    from compiled_autograd.autograd.tensor import Tensor
+
+    def made():
+        a, s = np.arange(3.0, dtype=np.float32), np.float32(2.0)
+        ts = [Tensor._make(a), Tensor._make(a), Tensor._make(s)]
+        assert ts[0]._data is a and ts[2]._data is s
+        assert ts[0]._version_counter is not ts[1]._version_counter
+        return [(type(t),) + tuple(getattr(t, k) for k in c_forward.TENSOR_SLOTS
+                                   if k not in ("_data", "_version_counter"))
+                + (t._version_counter.value,) for t in ts]
+    assert Tensor._make == fast.make
+    c = made()
+    assert on_path("reference", lambda: Tensor.__dict__["_make"].__func__) is tensor_module._make
+    assert c == on_path("reference", made)
+    assert Tensor._make == fast.make
+    with pytest.raises(RuntimeError, match="not initialised"):
+        type(fast).__new__(type(fast)).make(np.zeros(1))

@@ -178,24 +178,29 @@ def set_tensor_type(tensor_type) -> None:
     """Tensor (tensor.py) hands its class over: the C path makes results of it,
     and is its ``__prim_call__`` (``use_forward_path``)."""
     _tensor_type[0] = tensor_type
+    _python_make[0] = tensor_type.__dict__["_make"]
     _built[0] = _c_forward.forward(*forward_config(tensor_type))
     use_forward_path("c")
 
 
 _tensor_type: list = [None]
 _built: list = [None]      # the C path, when it is built
+_python_make: list = [None]   # Tensor._make as tensor.py defines it (a staticmethod)
 
 
 def use_forward_path(path) -> None:
     """Tensor ops on ``path``: "c", the C path where it is built (then it is
-    ``Tensor.__prim_call__`` itself: no Python call between an op and the C), or
-    "reference" (``apply_prim_reference``, as where the C is not built)."""
+    ``Tensor.__prim_call__`` itself: no Python call between an op and the C, and
+    its ``make`` is ``Tensor._make``), or "reference" (``apply_prim_reference``
+    and tensor.py's ``_make``, as where the C is not built)."""
     if path not in ("c", "reference"):
         raise ValueError(f"use_forward_path: path must be 'c' or 'reference', got {path!r}")
     tensor_type = _tensor_type[0]
     _fast[0] = _built[0] if path == "c" else None
+    python_make = _python_make[0]
     tensor_type.__prim_call__ = staticmethod(
-        _fast[0] if _fast[0] is not None else partial(apply_prim, make=tensor_type._make))
+        _fast[0] if _fast[0] is not None else partial(apply_prim, make=python_make.__func__))
+    tensor_type._make = python_make if _fast[0] is None else staticmethod(_fast[0].make)
 
 
 def forward_config(tensor_type):
