@@ -50,10 +50,7 @@ class Node:
     _priority = 1
     accumulates_grad = False   # True for AccumulateGrad: its ``variable`` is a leaf
     user_code = False          # True where user code computes the gradients (checked)
-    # True where all the node holds for its backward is the saved variables its
-    # compiled_args collects: a compiled backward, releasing those, need not ask
-    # the node to release anything (collection.collect_node).
-    holds_only_collected = False
+    holds_only_collected = False   # True: compiled_args collects all it holds (collect_node)
 
     def __init__(self, next_functions, input_metadata):
         self.next_functions = tuple(next_functions)
@@ -121,10 +118,7 @@ class PrimBackward(Node):
         super().__init__(next_functions, input_metadata)
         # saved: one entry per save-spec item: a SavedVariable, a Python scalar,
         # None (not needed), or a tuple of SavedVariables (the "tail" item).
-        self.saved = saved
-        self.params = params
-        self.shapes = shapes
-        self.dtypes = dtypes
+        self.saved, self.params, self.shapes, self.dtypes = saved, params, shapes, dtypes
 
     def saved_variables(self):
         out = []
@@ -233,7 +227,7 @@ class AccumulateGrad(Node):
 
     _priority = 0
     accumulates_grad = True
-    holds_only_collected = True   # (nothing)
+    holds_only_collected = True
     __slots__ = ("variable",)
 
     def __init__(self, variable):

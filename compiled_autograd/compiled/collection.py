@@ -212,7 +212,9 @@ def collect_node(args, fn, edges, runs=True):
             # What user code must return: symbolic where dynamic, as the sizes
             # the returned gradients are checked against (tracer.visit).
             args.collect_sizes(engine.expected_shapes(fn), owner=("validate", id(fn)))
-        if not fn.holds_only_collected:   # (it may hold values to release)
+        if not fn.holds_only_collected:
+            # It may hold values besides the saved variables collected (which a
+            # compiled backward releases itself): it is asked to release them.
             args.release_nodes.append(fn)
         args.key.append(("edges", edges))
     args.node = None
