@@ -497,3 +497,49 @@ def test_a_user_compiler_gets_the_node_and_runs_it():
             fn.apply(x).sum().backward()
         np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0 * (2 + i)])
     assert seen == [["call_backward", "accumulate_grad"]] and len(calls) == 3
+
+
+def _key_of(loss):
+    from compiled_autograd.autograd import engine
+    from compiled_autograd.compiled import collection
+    roots = engine.make_root_grads([loss], None, False)
+    task = engine.make_task(roots, keep_graph=True, create_graph=False)
+    return collection.collect(task, roots, record=False).freeze()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctx_flags_are_keyed_and_its_own_state_is_no_user_attribute(backend):
+    """ctx's own state lives in slots, apart from the user's attributes in its
+    __dict__ (which compiled_args scans at every backward): its flags are keyed
+    (materialize_grads, needs_input_grad, which saved values are None), the
+    user's bools and Nones too, and nothing else of ctx."""
+    class Scaled(Function):
+        @staticmethod
+        def forward(ctx, x, y, materialize, flag):
+            ctx.set_materialize_grads(materialize)
+            ctx.save_for_backward(x, None if flag is None else y)
+            ctx.note, ctx.flag = "a note", flag     # (a str: not keyed)
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, _ = ctx.saved_tensors
+            return g * 2.0, (g * x if ctx.needs_input_grad[1] else None), None, None
+    keys, grads = [], []
+    for materialize, y_grad, flag, note in [(True, True, True, "a"), (True, True, True, "b"),
+                                            (False, True, True, "a"), (True, False, True, "a"),
+                                            (True, True, False, "a"), (True, True, None, "a")]:
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        y = ca.tensor([3.0, 4.0], requires_grad=y_grad)
+        out = Scaled.apply(x, y, materialize, flag)
+        ctx = out.grad_fn
+        ctx.note = note
+        assert ctx._user_attrs() == [("flag", flag), ("note", note)]
+        assert not {"needs_input_grad", "materialize_grads", "_saved"} & set(vars(ctx))
+        loss = (out * out).sum()
+        keys.append(_key_of(loss))
+        with _maybe(backend):
+            loss.backward()
+        grads.append((x.grad.tolist(), None if y.grad is None else y.grad.tolist()))
+    assert keys[0] == keys[1] and len(set(keys)) == 5
+    assert grads[0] == ([12.0, 32.0], [6.0, 32.0]) and grads[3] == ([12.0, 32.0], None)

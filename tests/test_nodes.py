@@ -162,3 +162,45 @@ def test_a_removed_hook_leaves_the_key_of_an_unhooked_graph():
             y.grad_fn.register_prehook(lambda gs: None).remove()
         return _collect_both_ways(y.sum())[1].freeze()
     assert key(True) == key(False)
+
+
+def test_a_node_that_holds_only_what_it_collects_holds_nothing_else():
+    """``Node.holds_only_collected``: a compiled backward asks no such node to
+    release anything, since it releases the saved values collected itself; so
+    each saved value such a node holds is collected. The others (CopySlices
+    here) are asked."""
+    from compiled_autograd.autograd import Function
+
+    class Cube(Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, None, y)
+            return x * x * x + y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, _, y = ctx.saved_tensors
+            return g * 3 * x * x, g
+    a = ca.randn(4, requires_grad=True)
+    b = ca.randn(4, requires_grad=True)
+    h = Cube.apply(a.tanh(), b * 2)
+    h = h * 1.0
+    h[1:3].mul_(2.0)           # (a CopySlices node)
+    loss = (h.exp() * b).sum()
+    recorded, fast = _collect_both_ways(loss)
+    nodes, stack = [], [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is not None and fn not in nodes:
+            nodes.append(fn)
+            stack += [nxt for nxt, _ in fn.next_functions]
+    kinds = {type(fn).__name__ for fn in nodes}
+    assert {"CubeBackward", "CopySlices", "AccumulateGrad", "TanhBackward"} <= kinds
+    for collected in (recorded, fast):
+        saved = {id(sv) for sv in collected.saved}
+        for fn in nodes:
+            if fn.holds_only_collected:
+                assert all(id(sv) in saved for sv in fn.saved_variables()), fn.name()
+        assert {id(fn) for fn in collected.release_nodes} == {
+            id(fn) for fn in nodes if not fn.holds_only_collected}
+        assert [fn.name() for fn in collected.release_nodes] == ["CopySlices"]
