@@ -167,8 +167,10 @@ class FunctionBackward(Node):
 
     def _user_attrs(self):
         """The user's attributes on ctx, sorted: (name, value) pairs."""
-        attrs = [(k, v) for k, v in self.__dict__.items()
-                 if k[:1] != "_" and k not in _NODE_ATTRS]
+        d = self.__dict__
+        if not d:       # (the common case: ctx's own state is in slots)
+            return []
+        attrs = [(k, v) for k, v in d.items() if k[:1] != "_" and k not in _NODE_ATTRS]
         if len(attrs) > 1:
             attrs.sort()
         return attrs
