@@ -337,3 +337,26 @@ def test_tensor_make_is_the_c_paths_and_makes_the_references_tensor(fast):
     assert Tensor._make == fast.make
     with pytest.raises(RuntimeError, match="not initialised"):
         type(fast).__new__(type(fast)).make(np.zeros(1))
+
+
+@pytest.mark.parametrize("op", ["mul", "slice"])
+def test_an_op_on_a_no_grad_view_of_a_tensor_needing_grad_has_a_grad_fn(fast, op):
+    """A view made in no-grad mode of a tensor that needs grad has requires_grad
+    (its base's) but no grad_fn and no _requires_grad of its own: an op on it with
+    grad mode on makes a node (torch: MulBackward0 / SliceBackward0, whose edge to
+    the view is empty), so backward through the result runs and leaves x.grad None.
+    The C path looked at grad_fn and _requires_grad only: no node, and backward
+    raised 'element 0 of tensors does not require grad'."""
+    def run():
+        x = ca.tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+        y = x * 1.0
+        with ca.no_grad():
+            v = y[1]
+        w = v * 2.0 if op == "mul" else v[1:]
+        name = type(w.grad_fn).__name__
+        w.sum().backward()
+        return name, w.requires_grad, x.grad
+
+    ref = on_path("reference", run)
+    assert ref == (("MulBackward" if op == "mul" else "SliceBackward"), True, None)
+    assert on_path("c", run) == ref
