@@ -348,6 +348,18 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
             Py_XDECREF(acc);
             wants = 1;
         } else {
+            /* (a view made in no-grad mode of a tensor needing grad: no grad_fn of
+               its own, but requires_grad, its base's: a node, the edge empty) */
+            if (base != NULL && base != Py_None) {
+                PyObject *rg = PyObject_GetAttr(a, s_requires_grad);
+                int needs = rg == NULL ? -1 : PyObject_IsTrue(rg);
+                Py_XDECREF(rg);
+                if (needs < 0) {
+                    Py_DECREF(fn);
+                    goto fail_edges;
+                }
+                wants |= needs;
+            }
             edge = Py_NewRef(f->no_edge);
         }
         Py_DECREF(fn);
