@@ -15,7 +15,7 @@ from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_e
 from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
-from compiled_autograd.runtime.prims_reduce import b_row_major_first, small_product
+from compiled_autograd.runtime.prims_reduce import b_row_major_first
 
 
 def emit(e, node, lowering):
@@ -198,11 +198,6 @@ def _gemm_prefix(dtype):
     raise NotImplementedError(f"C backend: matmul of {dt} arrays")
 
 
-def _small_product(M, N, K):
-    """A product OpenBLAS runs on one thread with its small-matrix path (static sizes)."""
-    return all(isinstance(d, int) for d in (M, N, K)) and small_product(M, N, K)
-
-
 def _matmul(e, node, low):
     a, b = e.vals[node.args[0]], e.vals[node.args[1]]
     out = e.fresh(node)
@@ -211,8 +206,8 @@ def _matmul(e, node, low):
     a, (ta, lda) = _gemm_operand(e, a, M, K)
     b, (tb, ldb) = _gemm_operand(e, b, K, N)
     batch = out.shape[:-2]
-    if _small_product(M, N, K) and b_row_major_first(ta == "CblasTrans", tb == "CblasTrans",
-                                                     bool(batch), M, N, K):
+    if all(isinstance(d, int) for d in (M, N, K)) and b_row_major_first(   # (static sizes)
+            ta == "CblasTrans", tb == "CblasTrans", bool(batch), M, N, K):
         b = e.materialize(b)
         tb, ldb = _blas_layout(b, K, N)
 

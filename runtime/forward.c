@@ -294,7 +294,7 @@ static PyObject *forward_call(Forward *f, PyObject *call_args, PyObject *kwds)
         Py_XDECREF(enabled);
         result = on < 0 ? NULL : new_view(f, out, source, on);
     } else {
-        result = new_tensor(f, out);
+        result = new_tensor(f, out, NULL);
     }
     if (result == NULL) {
         Py_DECREF(out);
@@ -542,7 +542,7 @@ static PyObject *forward_make(Forward *f, PyObject *data)
         PyErr_SetString(PyExc_RuntimeError, "Forward: not initialised");
         return NULL;
     }
-    return new_tensor(f, data);
+    return new_tensor(f, data, NULL);
 }
 
 static PyMethodDef forward_methods[] = {

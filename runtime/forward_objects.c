@@ -27,13 +27,15 @@ static PyObject *shape_tuple(PyArrayObject *a)
     return t;
 }
 
-/* Tensor._make(data): a fresh Tensor with no history. */
-static PyObject *new_tensor(Forward *f, PyObject *data)
+/* Tensor._make(data): a fresh Tensor with no history, on ``counter`` (a new
+   reference, stolen; NULL: a new version counter at 0). */
+static PyObject *new_tensor(Forward *f, PyObject *data, PyObject *counter)
 {
-    PyObject *counter = f->counter->tp_alloc(f->counter, 0);
-    if (counter == NULL)
-        return NULL;
-    SLOT(counter, f->counter_value) = PyLong_FromLong(0);
+    if (counter == NULL) {
+        if ((counter = f->counter->tp_alloc(f->counter, 0)) == NULL)
+            return NULL;
+        SLOT(counter, f->counter_value) = PyLong_FromLong(0);
+    }
     PyObject *t = f->tensor->tp_alloc(f->tensor, 0);
     if (t == NULL) {
         Py_DECREF(counter);
@@ -203,15 +205,14 @@ static int viewable(Forward *f, PyObject *source)
 static PyObject *new_view(Forward *f, PyObject *data, PyObject *source, int grad_on)
 {
     const Py_ssize_t *o = f->t;
-    PyObject *t = new_tensor(f, data);
-    if (t == NULL)
-        return NULL;
     PyObject *base = SLOT(source, o[T_BASE]);
     if (base == Py_None)
         base = source;
     PyObject *counter = SLOT(base, o[T_VERSION_COUNTER]);
+    PyObject *t = new_tensor(f, data, Py_NewRef(counter));
+    if (t == NULL)
+        return NULL;
     put(t, o[T_BASE], Py_NewRef(base));
-    put(t, o[T_VERSION_COUNTER], Py_NewRef(counter));
     put(t, o[T_VIEW_VERSION], Py_NewRef(SLOT(counter, f->counter_value)));
     PyObject *creation = SLOT(source, o[T_CREATION]);
     if (!grad_on)
