@@ -76,25 +76,31 @@ CA_INLINE float ca_expf(float x) {
   float y = p * ca_bits_f((k1 + 127) << 23) * ca_bits_f((k2 + 127) << 23);
   return x != x ? x : y;
 }
-/* exp(x) for -86 <= x <= 0, where erf and GELU's derivative need it (their
-   arguments are clamped to that range, or their results past it set by the
-   caller): ca_expf's reduction and polynomial, but 2^k, a normal number there, is
-   added to the result's exponent bits straight from the rounding sum (whose low
-   bits hold k): no clamp above, no split scaling, no NaN select (a NaN gives
-   NaN). Bit for bit ca_expf's result on that range, in fewer instructions (GELU's
-   derivative loop: 301 -> 248 us for 262,144 floats, benchmarks/c_breakdown.py). */
+/* exp(x) for x <= 0, where softmax (x - max), erf and GELU's derivative need it:
+   ca_expf's reduction and polynomial, but 2^k is added to the result's exponent
+   bits straight from the rounding sum (whose low bits hold k): no clamp above, no
+   split scaling, no NaN select. The sum is offset by 64 and the result scaled by
+   2^-64, so that 2^(k+64) is a normal number down to the clamp at -104: bit for
+   bit ca_expf's result for every x <= 0 (its subnormal results rounded once, by
+   that last product, as ca_expf's second scaling does). A NaN whose low bits are
+   zero (the default NaN of an invalid operation, numpy's nan) gives NaN; one with
+   a payload may not: callers whose input may hold one test for it first.
+   GELU's derivative loop: 301 -> 248 us for 262,144 floats against ca_expf
+   (benchmarks/c_breakdown.py); the transformer's causal softmax rows 122 -> 94 us
+   (the rows' masked tails skipped) -> 74 us (this exp). */
 CA_INLINE float ca_exp_neg_f(float x) {
-  float c = x < -86.0f ? -86.0f : x;
+  float c = x < -104.0f ? -104.0f : x;
   float s = c * 1.44269504f + 12582912.0f;          /* 1.5 * 2^23 + k */
   float k = s - 12582912.0f;
   float r = (c - k * 0.693145751953125f) - k * 1.42860677e-06f;
   float p = ca_exp_reduced_f(r);
+  float s64 = s + 64.0f;                            /* 1.5 * 2^23 + k + 64, exact */
   uint32_t sb, pb;
-  memcpy(&sb, &s, sizeof sb);
+  memcpy(&sb, &s64, sizeof sb);
   memcpy(&pb, &p, sizeof pb);
-  pb += sb << 23;      /* k << 23: the sum's high bits shift out */
+  pb += sb << 23;      /* (k + 64) << 23: the sum's high bits shift out */
   memcpy(&p, &pb, sizeof p);
-  return p;
+  return p * 5.42101086242752217e-20f;              /* 2^-64 */
 }
 /* erf(x) / x - 1 as a polynomial in s = x^2, for |x| < 1. */
 CA_INLINE float ca_erf_small_f(float s) {

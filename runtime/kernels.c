@@ -110,12 +110,17 @@ static int last_dims(PyArrayObject *x, int k, npy_intp *rows, npy_intp *len)
         T v_ = (row)[j]; m_ = m_ > v_ ? m_ : v_; nan_ |= v_ != v_; } \
     (out) = nan_ ? (T)NAN : m_; } while (0)
 
-/* softmax over the last dim: e = exp(x - max), e / sum(e); log: (x - max) - log(sum(e)). */
+/* softmax over the last dim: e = exp(x - max), e / sum(e); log: (x - max) - log(sum(e)).
+   A row holding a NaN is NaN throughout (as numpy's: its max is NaN): filled
+   so, before the exp, whose argument x - max is then <= 0 or an invalid
+   operation's NaN (inf - inf), which float's ca_exp_neg_f takes. */
 #define SOFTMAX(T, EXP, LOG) do { \
     const T *restrict src = PyArray_DATA(x); T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
     for (npy_intp r = 0; r < rows; r++, src += len, dst += len) { \
         T m, s = 0; ROW_MAX(T, src, len, m); \
-        if (log_) { \
+        if (m != m) { \
+            for (npy_intp j = 0; j < len; j++) dst[j] = (T)NAN; \
+        } else if (log_) { \
             _Pragma("omp simd reduction(+:s)") \
             for (npy_intp j = 0; j < len; j++) { T d = src[j] - m; dst[j] = d; s += EXP(d); } \
             T l = LOG(s); \
@@ -153,7 +158,7 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     last_dims(x, 1, &rows, &len);
     PyThreadState *ts = PyArray_SIZE(x) >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
     if (PyArray_TYPE(x) == NPY_FLOAT32)
-        SOFTMAX(float, ca_expf, logf);
+        SOFTMAX(float, ca_exp_neg_f, logf);
     else
         SOFTMAX(double, exp, log);
     if (ts != NULL)
@@ -164,9 +169,15 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 /* scaled softmax over the last dim: v = x * scale (rounded to T, as numpy's mul),
    and -inf past a row's first `valid` entries (all, or with causal the row's index
-   within its matrix + 1), as the reference's where(), whose exp is then 0 (a NaN
-   max or sum makes the whole row NaN either way); the loops run over whole rows (a
-   select in the vector loop, not a shorter loop with a scalar tail). */
+   within its matrix + 1), as the reference's where(), whose exp is then 0. A row
+   whose valid part holds a NaN is NaN throughout (its max is NaN): filled so
+   before the exp, whose argument is then <= 0, or inf - inf's NaN where the row
+   holds an inf (float's ca_exp_neg_f takes both). The loops run over
+   whole vectors: up to `valid` rounded up to CA_ROW_VECTOR (at most the row), a
+   select in the vector loop past `valid` (not a shorter loop with a scalar tail);
+   the rest of a causal row is exp(-inf - max) / sum, written without its exp: 0,
+   or NaN where the sum is (an inf in the row), as the reference's. */
+#define CA_ROW_VECTOR 16
 #define SCALED(T, j) ((j) < valid ? (T)(src[j] * sc) : (T)-INFINITY)
 #define SCALED_SOFTMAX(T, EXP) do { \
     const T *restrict src = PyArray_DATA(x); T *restrict dst = PyArray_DATA((PyArrayObject *)out); \
@@ -174,14 +185,21 @@ static PyObject *k_softmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     for (npy_intp r = 0; r < rows; r++, src += len, dst += len) { \
         npy_intp valid = len; \
         if (causal && r % n_rows + 1 < len) valid = r % n_rows + 1; \
+        npy_intp span = (valid + CA_ROW_VECTOR - 1) / CA_ROW_VECTOR * CA_ROW_VECTOR; \
+        if (span > len) span = len; \
         T m = -INFINITY, s = 0; int nan_ = 0; \
         _Pragma("omp simd reduction(max:m) reduction(|:nan_)") \
-        for (npy_intp j = 0; j < len; j++) { T v = SCALED(T, j); m = m > v ? m : v; nan_ |= v != v; } \
-        if (nan_) m = (T)NAN; \
+        for (npy_intp j = 0; j < span; j++) { T v = SCALED(T, j); m = m > v ? m : v; nan_ |= v != v; } \
+        if (nan_) { \
+            for (npy_intp j = 0; j < len; j++) dst[j] = (T)NAN; \
+            continue; \
+        } \
         _Pragma("omp simd reduction(+:s)") \
-        for (npy_intp j = 0; j < len; j++) { \
+        for (npy_intp j = 0; j < span; j++) { \
             T e = EXP((T)(src[j] * sc) - m); e = j < valid ? e : 0; dst[j] = e; s += e; } \
-        for (npy_intp j = 0; j < len; j++) dst[j] /= s; \
+        for (npy_intp j = 0; j < span; j++) dst[j] /= s; \
+        const T fill = (T)0 / s; \
+        for (npy_intp j = span; j < len; j++) dst[j] = fill; \
     } } while (0)
 
 /* scaled_softmax(x, scale, causal): softmax(x * scale) over the last dim, with
@@ -215,7 +233,7 @@ static PyObject *k_scaled_softmax(PyObject *self, PyObject *const *args, Py_ssiz
     last_dims(x, 1, &rows, &len);
     PyThreadState *ts = PyArray_SIZE(x) >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
     if (PyArray_TYPE(x) == NPY_FLOAT32)
-        SCALED_SOFTMAX(float, ca_expf);
+        SCALED_SOFTMAX(float, ca_exp_neg_f);
     else
         SCALED_SOFTMAX(double, exp);
     if (ts != NULL)

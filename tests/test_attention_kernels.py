@@ -80,6 +80,27 @@ def test_scaled_softmax_special_rows(native):
 
 
 @needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scaled_softmax_long_rows_with_specials(native, dtype):
+    # Rows longer than a vector: a causal row's exp stops at its valid part rounded
+    # up to a vector and the rest is written without it (0, or NaN where the row's
+    # sum is NaN: an inf, or a NaN, in the valid part).
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 40, 40)) * 3).astype(dtype)
+    x[0, 5, 2] = np.inf           # row 5: valid part 0..5 holds an inf
+    x[0, 20, 30] = np.inf         # row 20: the inf is in its masked part
+    x[1, 17, 3] = np.nan          # row 17: a NaN in the valid part
+    x[1, 33, 39] = np.nan         # row 33: a NaN in the masked part
+    x[2, 8, :9] = -np.inf         # row 8: its whole valid part -inf
+    for causal in (True, False):
+        for scale in (0.3, -2.0):
+            got, ref = native.scaled_softmax(x, scale, causal), scaled_softmax_numpy(
+                x, scale, causal)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=f"{causal} {scale}")
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=0, err_msg=f"{causal} {scale}")
+
+
+@needs_cc
 def test_scaled_softmax_cases_it_leaves_to_numpy(native):
     for x, causal in ((np.ones(4, np.float32), True), (np.zeros((0, 3), np.float32), False),
                       (np.ones((2, 3), np.float16), False), (np.arange(6).reshape(2, 3), True),

@@ -79,14 +79,20 @@ def test_exp_special_values_and_range_ends(lib):
 
 
 def test_exp_of_a_non_positive_argument_is_exps_bit_for_bit(lib):
-    # ca_exp_neg_f, erf's and the GELU derivative's exp, scales by 2^k through the
-    # exponent bits: on its range [-86, 0] that is ca_expf's two exact products.
-    x = np.concatenate([-_sweep(86.0)[:200_000], np.linspace(-86, 0, 200_001, dtype=np.float32),
-                        np.array([0.0, -0.0, -86.0], np.float32)])
-    x = x[(x >= -86) & (x <= 0)]
+    # ca_exp_neg_f (softmax's, erf's and the GELU derivative's exp) scales by
+    # 2^(k+64) through the exponent bits, then by 2^-64: for every x <= 0 that is
+    # ca_expf's two scalings, subnormal results (x < -87.3) and the clamp included.
+    x = np.concatenate([-_sweep(110.0)[:300_000], np.linspace(-110, 0, 200_001, dtype=np.float32),
+                        np.array([0.0, -0.0, -86.0, -87.33655, -103.97, -104.0, -1e30, -np.inf],
+                                 np.float32)])
+    x = x[x <= 0]
     assert _run(lib, "test_exp_neg", x).tobytes() == _run(lib, "test_exp", x).tobytes()
-    y = _run(lib, "test_exp_neg", np.array([np.nan, -np.inf, -1e30, -100.0], np.float32))
-    assert np.isnan(y[0]) and (y[1:] == np.float32(math.exp(-86))).all()   # clamped
+    y = _run(lib, "test_exp_neg", np.array([np.nan, -np.nan, -np.inf, -100.0, -0.0], np.float32))
+    assert np.isnan(y[:2]).all() and y[2] == 0.0 and y[4] == 1.0
+    assert y[3] == pytest.approx(math.exp(-100.0), rel=1e-2)   # subnormal: few bits left
+    with np.errstate(invalid="ignore"):
+        inf_minus_inf = np.float32(np.inf) - np.array([np.inf], np.float32)   # the invalid-op NaN
+    assert np.isnan(_run(lib, "test_exp_neg", inf_minus_inf)).all()
 
 
 def test_erf_is_within_two_ulp(lib):
