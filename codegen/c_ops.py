@@ -114,6 +114,12 @@ def _reduce(e, node, low):
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
         # Threads take shares of the last dim's columns (a row of 32 or more).
+        # A float32 sum accumulates in float32: numpy sums over leading dims so,
+        # a row at a time in this order (bit for bit on a contiguous input), and
+        # the gradient matches eager's where a double sum would be more exact
+        # than it; half the work per element of double's (bias gradients).
+        if opt["op"] == "sum" and out.dtype == np.float32:
+            acc = data["acc"] = out.ctype
         n_out = prod([loop[d] for d in kept])
         scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
             acc, out.dtype), (n_out,))

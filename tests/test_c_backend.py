@@ -739,3 +739,27 @@ def test_a_cheap_value_with_several_users_is_recomputed_in_their_loops(monkeypat
     for p, got in zip((x, w, b), grads[1]):
         np.testing.assert_allclose(np.frombuffer(got, np.float32).reshape(p.shape), p.grad.numpy(),
                                    rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
+def test_float32_sums_over_leading_dims_are_eagers_bit_for_bit():
+    """numpy sums a float32 array over its leading dims a row at a time, in
+    float32; the C backend's sum keeping the last dim accumulates the same way
+    (not in double), so a bias's gradient, the sum of the same upstream values, is
+    eager's exactly. 20,000 rows: a double sum would differ from numpy's in the
+    last bits."""
+    rng = np.random.default_rng(7)
+    x_a, w_a, b_a, r_a, g1, g2 = (rng.standard_normal(s).astype(np.float32) for s in (
+        (20_000, 24), (16, 24), (16,), (5, 300, 16), (20_000, 16), (5, 300, 16)))
+
+    def grads(backend):
+        x, w, b, r = (ca.tensor(a, requires_grad=True) for a in (x_a, w_a, b_a, r_a))
+        y1 = ca.nn.functional.linear(x, w, b)
+        y2 = r + b                          # b broadcast over two leading dims
+        with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+            ca.autograd.backward([y1, y2], [ca.tensor(g1), ca.tensor(g2)])
+        return b.grad.numpy()
+
+    got, want = grads("c"), grads(None)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
