@@ -8,6 +8,8 @@ gradients against torch on every backend, with and without the fused path.
 
 Tolerances: the C kernel sums its row in another order than numpy's pairwise sum,
 float32 rtol 1e-5 (as softmax's, tests/test_forward_kernels.py), float64 1e-12."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,131 @@ def test_the_c_backends_lowering_matches_eager(shape, dtype):
     np.testing.assert_array_equal(grads["python"], grads["eager"])
     rtol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(grads["c"], grads["eager"], rtol=rtol, atol=0)
+
+
+def _heads_of(lib, x, heads):
+    """q, k, v split from one [b, n, 3 * h * d] projection, as a transformer's:
+    [b, h, n, d] views whose heads lie inside the sequence in memory."""
+    b, n, width = x.shape
+    d = width // 3 // heads
+    return [z.reshape(b, n, heads, d).transpose(1, 2) for z in x.chunk(3, -1)]
+
+
+def _merged_attention(lib, a, backend, causal, checkpointed=False):
+    x = lib.tensor(a, requires_grad=True, dtype=lib.float64)
+
+    def attend(x):
+        q, k, v = _heads_of(lib, x, 2)
+        return lib.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if checkpointed:
+        y = lib.utils.checkpoint.checkpoint(attend, x, use_reentrant=False)
+    else:
+        y = attend(x)
+    merged = y.transpose(1, 2).reshape(a.shape[0], a.shape[1], -1)
+    loss = (merged * merged.tanh()).sum()
+    with (ca.compiled_backward(backend=backend) if lib is ca and backend != "eager"
+          else contextlib.nullcontext()):
+        loss.backward()
+    return y, merged, x.grad.numpy()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_output_is_laid_out_as_its_query(backend, causal):
+    """torch's sdpa lays its output out as its query: heads split from a
+    projection give an output whose heads are inside the sequence, so merging
+    them back is a view (no copy), in ca as in torch."""
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(4).standard_normal((2, 5, 24))
+    y, merged, grad = _merged_attention(ca, a, backend, causal)
+    ty, tmerged, tgrad = _merged_attention(torch, a, backend, causal)
+    assert y.stride() == ty.stride() == (40, 4, 8, 1) and not y.is_contiguous()
+    assert np.shares_memory(merged.detach().numpy(), y.detach().numpy())
+    np.testing.assert_allclose(merged.detach().numpy(), tmerged.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grad, tgrad, rtol=1e-10, atol=1e-12)
+    q = ca.randn(2, 3, 4, 8)                       # a contiguous query: a contiguous output
+    assert ca.nn.functional.scaled_dot_product_attention(q, q, q).is_contiguous()
+
+
+class _ProductInALayoutInBackward(ca.autograd.Function):
+    """A backward that writes a product in another layout (matmul's ``order``, as
+    attention's output follows its query's), so that the compiled backends lower it."""
+    inline_backward = True
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        y = ops.matmul(x, x.transpose(-2, -1).tanh(), order=(0, 2, 1, 3))
+        return g * y.permute(0, 2, 1, 3).sin() + g * y.sum(1, keepdim=True).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 4), (1, 5, 3, 3), (3, 1, 6, 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_product_in_another_layout_in_compiled_code(shape, dtype):
+    data = np.random.default_rng(5).standard_normal(shape).astype(dtype)
+    graph = ca.trace_backward(_ProductInALayoutInBackward.apply(
+        ca.tensor(data, requires_grad=True, dtype=dtype)).sum()).graph
+    assert [n.kwargs["order"] for n in graph.nodes if n.target == "matmul"
+            and n.kwargs.get("order")] == [(0, 2, 1, 3)]
+    grads = {}
+    for backend in BACKENDS:
+        x = ca.tensor(data, requires_grad=True, dtype=dtype)
+        loss = (_ProductInALayoutInBackward.apply(x) * ca.tensor(data, dtype=dtype)).sum()
+        with (ca.compiled_backward(backend=backend) if backend != "eager"
+              else contextlib.nullcontext()):
+            loss.backward()
+        grads[backend] = x.grad.numpy()
+    np.testing.assert_array_equal(grads["python"], grads["eager"])
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(grads["c"], grads["eager"], rtol=rtol, atol=1e-6)
+
+
+def test_a_traced_query_is_contiguous_to_attention():
+    """A traced value has no layout of its own (``Proxy.is_contiguous``): attention
+    in a traced backward computes the plain product."""
+    def run(x):
+        y = ca.nn.functional.scaled_dot_product_attention(*_heads_of(ca, x, 2), is_causal=True)
+        return y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+
+    class AttentionInBackward(ca.autograd.Function):
+        inline_backward = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            m = run(x)
+            return g * ca.cat([m, m.sin(), m * 2.0], -1)
+
+    data = np.random.default_rng(7).standard_normal((2, 6, 24))
+    graph = ca.trace_backward(AttentionInBackward.apply(
+        ca.tensor(data, requires_grad=True, dtype=ca.float64)).sum()).graph
+    assert "call_backward" not in {n.target for n in graph.nodes}
+    grads = {}
+    for backend in BACKENDS:
+        x = ca.tensor(data, requires_grad=True, dtype=ca.float64)
+        with (ca.compiled_backward(backend=backend) if backend != "eager"
+              else contextlib.nullcontext()):
+            AttentionInBackward.apply(x).sum().backward()
+        grads[backend] = x.grad.numpy()
+    np.testing.assert_array_equal(grads["python"], grads["eager"])
+    np.testing.assert_allclose(grads["c"], grads["eager"], rtol=1e-12, atol=1e-14)
+
+
+def test_matmul_in_an_order_is_the_product_laid_out_so():
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 5, 6))
+    out = ops.matmul(a, b, order=(0, 2, 1, 3))
+    assert out.shape == (2, 4, 3, 6) and out.flags.c_contiguous
+    np.testing.assert_allclose(out.transpose(0, 2, 1, 3), a @ b, rtol=1e-14)
+    x, w = (ca.tensor(v, requires_grad=True, dtype=ca.float64) for v in (a, b))
+    assert ca.autograd.gradcheck(lambda x, w: ops.matmul(x, w, order=(0, 2, 1, 3)).sin(), (x, w))

@@ -181,3 +181,20 @@ def test_a_no_grad_view_of_a_leaf_that_requires_grad_requires_grad():
     with ca.no_grad():
         w = ca.tensor([1.0, 2.0])[0:1]
     assert not w.requires_grad
+
+
+def test_stride_is_torchs():
+    torch = pytest.importorskip("torch")
+    for make in (lambda m: m.zeros(2, 3, 4), lambda m: m.zeros(2, 3, 4).transpose(0, 2),
+                 lambda m: m.zeros(5, 6)[1:, ::2], lambda m: m.zeros(3, 1).expand(3, 4),
+                 lambda m: m.zeros(()), lambda m: m.zeros(0, 3)):
+        a, t = make(ca), make(torch)
+        assert a.stride() == t.stride()
+        for d in range(-a.ndim, a.ndim):
+            assert a.stride(d) == t.stride(d)
+        for bad in (a.ndim, -a.ndim - 1):
+            with pytest.raises(IndexError) as ours:
+                a.stride(bad)
+            with pytest.raises(IndexError) as theirs:
+                t.stride(bad)
+            assert str(ours.value) == str(theirs.value)

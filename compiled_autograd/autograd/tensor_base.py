@@ -179,6 +179,24 @@ class TensorBase:
     def is_contiguous(self):
         return bool(self._data.flags.c_contiguous)
 
+    def stride(self, dim=None):
+        """The steps between elements along each dim, in elements (torch's
+        ``Tensor.stride``); with ``dim``, that dim's."""
+        data = self._data
+        if data.size:
+            strides = tuple(s // data.itemsize for s in data.strides)
+        else:      # (numpy may give an empty array any strides: a new one's, as torch)
+            strides = tuple(int(np.prod(data.shape[d + 1:], dtype=np.int64))
+                            for d in range(data.ndim))
+        if dim is None:
+            return strides
+        if not strides:
+            raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+        if not -len(strides) <= dim < len(strides):
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-len(strides)}, {len(strides) - 1}], but got {dim})")
+        return strides[dim]
+
     def type(self):
         return type_name(self.dtype)
 

@@ -79,6 +79,16 @@ class Proxy(Tensor):
     def is_contiguous(self):
         return True
 
+    def stride(self, dim=None):
+        """A contiguous tensor's (as ``is_contiguous``: a graph value's layout is
+        the backend's to choose)."""
+        strides, step = [], 1
+        for d in reversed(self.shape):
+            strides.append(step)
+            step = step * d
+        strides = tuple(reversed(strides))
+        return strides if dim is None else strides[dim]
+
     def contiguous(self):
         return self
 
