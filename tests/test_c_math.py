@@ -22,6 +22,7 @@ DRIVER = """
 void test_exp(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_expf(x[i]); }
 void test_exp_neg(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_exp_neg_f(x[i]); }
 void test_erf(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_erff(x[i]); }
+void test_gelu(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_f(x[i]); }
 void test_gelu_grad(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_f(x[i]); }
 void test_gelu_grad_tanh(const float *x, float *y, int64_t n) { for (int64_t i = 0; i < n; i++) y[i] = ca_gelu_grad_tanh_f(x[i]); }
 #ifdef FP_FAST_FMAF
@@ -36,7 +37,8 @@ int test_has_fma(void) { return 0; }
 def lib():
     path, _ = cbuild.build(_ENV.from_string(DRIVER).render())
     lib = cbuild.load(path)
-    for name in ("test_exp", "test_exp_neg", "test_erf", "test_gelu_grad", "test_gelu_grad_tanh"):
+    for name in ("test_exp", "test_exp_neg", "test_erf", "test_gelu", "test_gelu_grad",
+                 "test_gelu_grad_tanh"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
@@ -116,6 +118,29 @@ def _gelu_grad64(x):
     x = x.astype(np.float64)
     return np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x]) + \
         x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _gelu64(x):
+    x = x.astype(np.float64)
+    return x * np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])
+
+
+def test_gelu_keeps_relative_accuracy_down_to_its_clamp(lib):
+    # x cdf(x), the cdf 1 - h above zero and h below (h = exp(-u^2) R(|u|) / 2): no
+    # cancellation, so small values keep their relative accuracy (numpy's and
+    # torch's float32 1 + erf(u) keep none below x = -5.4) down to |u| = 4, where
+    # R's argument is clamped; past it the value is below 1e-8 |x|.
+    x = np.concatenate([_sweep(12.0), np.linspace(-12, 12, 200_001, dtype=np.float32)])
+    got, ref = _run(lib, "test_gelu", x).astype(np.float64), _gelu64(x)
+    inside = (x > -5.6) & (ref != 0)
+    bound = 4e-7 if lib.test_has_fma() else 1.2e-6
+    assert (np.abs(got - ref)[inside] / np.abs(ref[inside])).max() <= bound
+    assert (np.abs(got - ref) <= 2e-7 * np.abs(x.astype(np.float64))).all()
+    y = _run(lib, "test_gelu", np.array([np.nan, 0.0, -0.0, 30.0, -30.0, np.inf, -np.inf,
+                                         1e20, -1e20], np.float32))
+    assert np.isnan(y[0]) and y[1] == 0.0 and y[2] == 0.0 and np.signbit(y[2])
+    assert y[3] == 30.0 and y[4] == 0.0 and y[5] == np.inf and np.isnan(y[6])
+    assert y[7] == np.float32(1e20) and y[8] == 0.0     # x^2 overflows float: no NaN
 
 
 def test_gelu_grad_is_within_two_ulp(lib):

@@ -37,8 +37,13 @@ def main():
     t = chebyshev(1, 4)
     scaled = np.array([math.erfc(v) * math.exp(v * v) for v in t])
     erfc_r = fit(t, scaled, lambda v: (v - 2.5) / 1.5, 10, 1 / scaled)
+    # The same R on [0, 4], a polynomial in v = (t - 2) / 2: GELU's cdf from one
+    # exp and one polynomial (exp(-t^2) R(t) / 2 below zero, 1 minus it above).
+    t = chebyshev(0, 4)
+    scaled = np.array([math.erfc(v) * math.exp(v * v) for v in t])
+    erfc_r0 = fit(t, scaled, lambda v: (v - 2) / 2, 14, 1 / scaled)
     for name, c in (("exp P(r)", exp_p), ("erf P(t^2), t < 1", erf_small),
-                    ("erfc R(v), 1 <= t <= 4", erfc_r)):
+                    ("erfc R(v), 1 <= t <= 4", erfc_r), ("erfc R(v), 0 <= t <= 4", erfc_r0)):
         print(f"{name:<24}" + ", ".join(f"{np.float32(v):.9e}" for v in c))
 
 
