@@ -130,7 +130,8 @@ def test_a_tiled_sum_is_planned_with_its_windows(name):
     # every slice gradient and every inner add of the sum is absorbed, nothing else
     inner, stack = set(), [root]
     while stack:
-        stack += [a for a in stack.pop().args if getattr(a, "target", None) == "add" and a not in inner]
+        stack += [a for a in stack.pop().args
+                  if getattr(a, "target", None) == "add" and a not in inner]
         inner |= set(stack)
     assert tiling.members == set(_slice_grads(graph)) | inner
 
