@@ -175,6 +175,26 @@ def test_the_sum_of_a_symbolic_size_is_not_planned():
     assert _slice_grads(graphs[-1]) and c_concat.tiled_sums(graphs[-1]) == {}
 
 
+def _nested(lib, x):
+    a, b = x.chunk(2, -1)
+    a1, a2 = a.chunk(2, -1)
+    return (a1 * a2.exp() + a1).sum(1) + b.sin().sum(1)
+
+
+@needs_cc
+def test_a_chunk_of_a_chunk_is_two_concatenations():
+    # a's gradient (the inner sum) is a window gradient of x's (the outer sum)
+    graph = _traced(_nested, (3, 8)).graph
+    plans = c_concat.tiled_sums(graph)
+    assert sorted(t.dim for t in plans.values()) == [1, 1]
+    inner, outer = sorted(plans, key=graph.nodes.index)
+    assert outer.args[0].args[0] is inner or outer.args[1].args[0] is inner
+    assert ZERO_FILL.findall(generate(graph).source) == []
+    for dtype in (np.float32, np.float64):
+        x = _x((3, 8), dtype)
+        assert_backend_matches("c", _grad(_nested, x, dtype=dtype), _grad(_nested, x, "c", dtype))
+
+
 # ---------------------------------------------------------------- the C
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
