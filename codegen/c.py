@@ -41,6 +41,7 @@ import jinja2
 import numpy as np
 
 from compiled_autograd.codegen import c_memory, c_ops, c_threads
+from compiled_autograd.codegen.c_concat import tiled_sums
 from compiled_autograd.codegen.c_fusion import fusable, lowering
 from compiled_autograd.codegen.c_layout import (Storage, Val, broadcast_strides, c_expr, ctype, dim,
                                                 in_layout, mul)
@@ -128,6 +129,12 @@ class Emitter:
         self.step = 0
         self.counts = {"arena": 0, "out": 0, "in": 0, "ext": 0}
         self.fused = fusable(graph)
+        # Sums of slice gradients written as one concatenation (c_concat): the
+        # sum's node gets a buffer (it is never fused), its slice_backward and
+        # inner add nodes emit nothing and read at the sum's step.
+        self.tiled = tiled_sums(graph)
+        self.absorbed = set().union(*(t.members for t in self.tiled.values()))
+        self.fused -= self.absorbed | set(self.tiled)
         self.read_until = self._last_reads()
         self.site_of: dict = {}     # hook node -> its callback Site
         self.wants_out = self._wanted_outputs()
@@ -137,13 +144,16 @@ class Emitter:
     def _last_reads(self):
         """Each value's last read step, from the graph's one liveness analysis
         (``Graph.last_uses``), where a node fused into a loop reads at that
-        loop's step. Known before the walk, so that a buffer's ``last`` is final
+        loop's step, and a node absorbed into a tiled sum (c_concat) at the
+        sum's. Known before the walk, so that a buffer's ``last`` is final
         for the values on it so far (see ``run``) when a loop asks whether an
         input dies in it."""
         step = {n: i for i, n in enumerate(self.graph.nodes)}
 
         def read_step(n):      # (a recomputed node: at its last user's loop)
-            return max(map(read_step, n.users)) if n in self.fused else step[n]
+            if n in self.fused or n in self.absorbed:
+                return max(map(read_step, n.users))
+            return step[n]
         position = {n: read_step(n) for n in self.graph.nodes}
         return {value: position[reader]
                 for reader, values in self.graph.last_uses(position).items()
@@ -334,14 +344,17 @@ class Emitter:
                 self.getitem(node)
             elif node.target == "store":
                 self.store(node, source)
-            elif node in self.fused:
+            elif node in self.fused or node in self.absorbed:
                 continue
             else:
                 low = lowering(node)
                 if low is None:
                     raise NotImplementedError(f"C backend: {node.target!r} is not a prim")
                 before = len(self.stmts)
-                c_ops.emit(self, node, low)
+                if node in self.tiled:
+                    c_ops.tiled_sum(self, node, self.tiled[node])
+                else:
+                    c_ops.emit(self, node, low)
                 # A view's copy (a reshape of a strided value) is not labelled
                 # with the node's source: it stays under the block before it.
                 if low.kind != "view":

@@ -25,6 +25,15 @@ def lowering(node):
     return p.c if p is not None else None
 
 
+def barriers(graph) -> list:
+    """The steps (sorted) of the nodes no read may be moved across: a store, and
+    a call into Python that may write an input array in place (a hook updating a
+    parameter, a custom backward); not an unpack hook's or an accumulation's,
+    which make or write arrays of their own."""
+    return [i for i, n in enumerate(graph.nodes) if is_store(n) or (
+        n.op == "call_hook" and n.target not in ("unpack_hook", "accumulate_grad"))]
+
+
 def fusable(graph):
     """The elementwise nodes inlined into their users' loops, as the lowering
     records allow: the producer's is ``fusable``, each user's ``inlines`` the
@@ -35,11 +44,7 @@ def fusable(graph):
     layer norm's backward: x - mean read by the variance and by x-hat)."""
     fused, shared = set(), set()
     step = {n: i for i, n in enumerate(graph.nodes)}
-    # Barriers: a store, and a call into Python that may write an input array in
-    # place (a hook updating a parameter, a custom backward); not an unpack
-    # hook's or an accumulation's, which make or write arrays of their own.
-    stores = [step[n] for n in graph.nodes if is_store(n) or (
-        n.op == "call_hook" and n.target not in ("unpack_hook", "accumulate_grad"))]
+    stores = barriers(graph)
 
     def inlined_into(n, u, alone, cheap):
         # A fused node is evaluated in its user's loop: never past a barrier,

@@ -336,13 +336,38 @@ def _cat(e, node, low):
         e.emit(_render(low.template, parts=[e.store_loop(out, text, leaves)]))
         e.vals[node] = out
         return
-    start, parts = 0, []
+    start, pieces = 0, []
     for a in node.args:
         v = e.vals[a]
+        pieces.append((start, v))
+        start = add(start, v.shape[d])
+    e.emit(_render(low.template, parts=_copies_into(e, out, d, pieces)))
+    e.vals[node] = out
+
+
+def _copies_into(e, out: Val, d, pieces):
+    """The loops copying each (start, Val) of ``pieces`` into ``out``'s window
+    of dim ``d`` from ``start``."""
+    parts = []
+    for start, v in pieces:
         dst = sliced(out, d, start, 1)
         parts.append(e.copy_into(dst.with_layout(v.shape, dst.strides, dst.offset), v))
-        start = add(start, v.shape[d])
-    e.emit(_render(low.template, parts=parts))
+    return parts
+
+
+def tiled_sum(e, node, tiling):
+    """A sum of slice gradients with disjoint windows (``c_concat.Tiling``),
+    written as their concatenation (cat's template): each gradient copied into
+    its window, zeros only in the gaps. No zero fill of the whole, no add."""
+    out = e.fresh(node)
+    d = tiling.dim
+    for start, stop in tiling.gaps:
+        gap = sliced(out, d, start, 1)
+        shape = out.shape[:d] + (stop - start,) + out.shape[d + 1:]
+        _fill(e, gap.with_layout(shape, gap.strides, gap.offset))
+    pieces = [(start, e.vals[g]) for start, g in tiling.pieces]
+    if pieces:
+        e.emit(_render("cat.c.j2", parts=_copies_into(e, out, d, pieces)))
     e.vals[node] = out
 
 
@@ -447,4 +472,4 @@ EMITTERS = {
     "gather_scatter": _gather_like, "advanced_index": _index_like,
 }
 
-__all__ = ["EMITTERS", "LAYOUTS", "emit"]
+__all__ = ["EMITTERS", "LAYOUTS", "emit", "tiled_sum"]

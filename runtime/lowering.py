@@ -46,15 +46,17 @@ class Elementwise(Lowering):
     ``compute``: "out" computes in the result's type; "inputs" in the inputs'
     common type (a comparison, whose result is bool). ``uncast``: operand
     positions read as they are, not converted (a condition, a mask, a cast's
-    source). ``reads_inputs=False``: the inputs give only the shape (a fill)."""
+    source). ``reads_inputs=False``: the inputs give only the shape (a fill).
+    ``adds``: the op is ``a + b``, so a zero operand gives the other one back
+    (a sum of window gradients becomes their concatenation: codegen/c_concat.py)."""
 
     __slots__ = ()
     fusable = True
     inlines = SAME_LOOP
 
-    def __init__(self, expr, compute="out", uncast=(), reads_inputs=True):
+    def __init__(self, expr, compute="out", uncast=(), reads_inputs=True, adds=False):
         super().__init__("elementwise", None, expr=expr, compute=compute,
-                         uncast=tuple(uncast), reads_inputs=reads_inputs)
+                         uncast=tuple(uncast), reads_inputs=reads_inputs, adds=adds)
 
     @property
     def expr(self) -> str:

@@ -268,7 +268,7 @@ def _unbroadcast(ctx, i, g):
 
 
 @prim("add", ufunc=np.add, meta=elementwise_meta,
-      c=Elementwise("{{ a }} + {{ b }}"))
+      c=Elementwise("{{ a }} + {{ b }}", adds=True))
 def add(a, b):
     return as_array(np.add(a, b))
 

@@ -1,7 +1,7 @@
 """The C backend, step by step: the generated C of a 2-layer MLP, its memory plan,
 and how callbacks keep unpacking progressive. Run from the repository root:
 
-    python docs/examples/c_walkthrough.py [mlp|plan|callbacks|run|parts]
+    python docs/examples/c_walkthrough.py [mlp|plan|callbacks|run|parts|chunk]
 """
 import sys
 
@@ -71,6 +71,15 @@ def parts():
     print(f"built in {fn.build_seconds:.2f} s (compiled now: {fn.built_now})")
 
 
+def chunk():
+    ca.manual_seed(0)
+    x = ca.randn(4, 6, requires_grad=True)
+    q, k, v = x.chunk(3, -1)
+    code = ca.trace_backward((q * k + v).sum()).c_code
+    print(code[code.index("  /* SliceBackward */"):code.index("  return 0;")].rstrip())
+
+
 if __name__ == "__main__":
-    {"mlp": mlp, "plan": plan, "callbacks": callbacks, "run": run, "parts": parts}[
+    {"mlp": mlp, "plan": plan, "callbacks": callbacks, "run": run, "parts": parts,
+     "chunk": chunk}[
         sys.argv[1] if len(sys.argv) > 1 else "mlp"]()
