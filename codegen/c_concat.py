@@ -41,12 +41,16 @@ class Tiling(NamedTuple):
     """How a sum of slice gradients is written: ``pieces`` (start, gradient
     node), each copied into the window of ``dim`` from its start; ``gaps``
     (start, stop), filled with zeros; ``members``: the slice_backward and inner
-    add nodes of the sum, which emit no code (their reads happen at the sum's
-    step)."""
+    add nodes of the sum, and ``reshapes``, which emit no code (their reads
+    happen at the sum's step). ``reshapes``: the pieces that are reshapes read
+    by nothing else, whose input is copied into their window seen in its shape
+    where their own C would copy it first (heads merged back after a transpose:
+    attention's q, k and v gradients), one copy instead of two."""
     dim: int
     pieces: tuple
     gaps: tuple
     members: frozenset
+    reshapes: frozenset = frozenset()
 
 
 def _is_add(n) -> bool:
@@ -146,5 +150,17 @@ def _tiling(root, step, stops):
         return None
     if end < shape[d]:
         gaps.append((end, shape[d]))
+    reshapes = frozenset(g for _, _, g in windows if _is_sole_reshape(g))
+    if reshapes and stops and bisect.bisect_left(stops, min(step[g] for g in reshapes)) != \
+            bisect.bisect_left(stops, step[root]):
+        reshapes = frozenset()
     return Tiling(d, tuple((start, g) for start, _, g in windows), tuple(gaps),
-                  frozenset(members))
+                  frozenset(members) | reshapes, reshapes)
+
+
+def _is_sole_reshape(n) -> bool:
+    """A reshape (a view, which copies a strided input) read only by its slice
+    gradient, of an array computed in the graph."""
+    low = lowering(n)
+    return (low is not None and low.kind == "view" and low.options.get("layout") == "reshaped"
+            and len(n.users) == 1 and isinstance(n.args[0], Node))

@@ -195,3 +195,41 @@ def reshaped(v: Val, shape):
     if v.is_contiguous():
         return v.with_layout(shape, contiguous_strides(shape), v.offset)
     return None
+
+
+def strided_reshape(v: Val, shape):
+    """``v`` seen with ``shape`` without a copy where its strides allow it (numpy's
+    rule: each run of dims merged or split is contiguous within itself), else
+    None; static sizes only. (A window of a wider buffer split in its last dim:
+    a concatenation's piece seen in the shape of what is copied into it.)"""
+    if v.is_contiguous():
+        return reshaped(v, shape)
+    sizes = list(v.shape) + list(v.strides) + list(shape)
+    if not all(isinstance(x, int) for x in sizes) or 0 in v.shape:
+        return None
+    old = [(n, st) for n, st in zip(v.shape, v.strides) if n != 1]
+    new = [n for n in shape if n != 1]
+    strides, i, j = [], 0, 0
+    while i < len(old) and j < len(new):
+        oi, nj, o_size, n_size = i + 1, j + 1, old[i][0], new[j]
+        while o_size != n_size:
+            if o_size < n_size:
+                if oi == len(old):
+                    return None
+                o_size, oi = o_size * old[oi][0], oi + 1
+            else:
+                if nj == len(new):
+                    return None
+                n_size, nj = n_size * new[nj], nj + 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(i, oi - 1)):
+            return None
+        run = [old[oi - 1][1]]
+        for k in range(nj - 1, j, -1):
+            run.insert(0, run[0] * new[k])
+        strides += run
+        i, j = oi, nj
+    if i != len(old) or j != len(new):
+        return None
+    it = iter(strides)
+    return v.with_layout(tuple(shape), tuple(1 if n == 1 else next(it) for n in shape),
+                         v.offset)

@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
-                              expanded, mul, permuted, prod, reshaped, sliced)
+                              expanded, mul, permuted, prod, reshaped, sliced,
+                              strided_reshape)
 from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
@@ -365,9 +366,23 @@ def tiled_sum(e, node, tiling):
         gap = sliced(out, d, start, 1)
         shape = out.shape[:d] + (stop - start,) + out.shape[d + 1:]
         _fill(e, gap.with_layout(shape, gap.strides, gap.offset))
-    pieces = [(start, e.vals[g]) for start, g in tiling.pieces]
-    if pieces:
-        e.emit(_render("cat.c.j2", parts=_copies_into(e, out, d, pieces)))
+    parts = []
+    for start, g in tiling.pieces:
+        shape = _shape(g)
+        window = sliced(out, d, start, 1)
+        window = window.with_layout(shape, window.strides, window.offset)
+        v = e.vals[g] if g not in tiling.reshapes else e.vals[g.args[0]]
+        if g in tiling.reshapes:
+            # the reshape's input, copied into the window seen in its shape (no
+            # copy of its own first); where that view cannot be, as the reshape
+            window_in = strided_reshape(window, v.shape)
+            if window_in is not None:
+                window = window_in
+            else:
+                v = _reshape(e, v, {}, shape)
+        parts.append(e.copy_into(window, v))
+    if parts:
+        e.emit(_render("cat.c.j2", parts=parts))
     e.vals[node] = out
 
 

@@ -317,3 +317,61 @@ def test_a_hook_on_the_chunked_tensor_sees_the_whole_gradient():
         return w.grad.numpy()
     np.testing.assert_allclose(run("c"), run(None), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(seen["c"], seen[None], rtol=1e-5, atol=1e-6)
+
+
+def _heads(lib, x):
+    """Attention on heads split from one projection (a transformer's q, k, v):
+    each piece's gradient is a reshape of a transposed product, which copies."""
+    b, n, width = x.shape
+    q, k, v = (z.reshape(b, n, 2, width // 6).transpose(1, 2) for z in x.chunk(3, -1))
+    y = lib.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(b, n, width // 3)
+
+
+def _copy_loops(source):
+    """Loop statements that copy one array into another, element for element."""
+    return re.findall(r"^\s*\w+\[[^\]]*\] = \w+\[[^\]]*\];$", source, re.M)
+
+
+@needs_cc
+def test_a_piece_that_is_a_reshape_is_copied_once(monkeypatch):
+    """The heads' gradients, transposed back, are reshapes that copy: each one's
+    input is copied straight into its window seen in its shape, one copy where
+    the reshape's own copy and then the window's made two."""
+    graph = _traced(_heads, (2, 5, 24)).graph
+    (tiling,) = c_concat.tiled_sums(graph).values()
+    assert len(tiling.reshapes) == 3 and tiling.reshapes <= tiling.members
+    assert all(g.target == "reshape" for _, g in tiling.pieces)
+    once = _copy_loops(generate(graph).source)
+    monkeypatch.setattr(c_concat, "_is_sole_reshape", lambda n: False)
+    twice = _copy_loops(generate(graph).source)
+    assert len(twice) - len(once) == 3
+    monkeypatch.undo()
+    for dtype in (np.float32, np.float64):
+        x = _x((2, 5, 24), dtype)
+        assert_backend_matches("c", _grad(_heads, x, dtype=dtype), _grad(_heads, x, "c", dtype))
+
+
+def test_a_strided_window_is_reshaped_as_numpy_reshapes_it_without_a_copy():
+    from compiled_autograd.codegen.c_layout import Storage, Val, strided_reshape
+    base = np.zeros((4, 6, 8, 10), np.float32)
+    f32 = np.dtype(np.float32)
+    cases = [(base[:, :, :, 2:6], (4, 6, 8, 2, 2)), (base[:, :, 1:5, :], (4, 6, 40)),
+             (base[:, :, 1:5, :], (24, 4, 10)), (base.transpose(0, 2, 1, 3), (4, 8, 60)),
+             (base.transpose(0, 2, 1, 3), (32, 6, 10)), (base[:, 1:3], (8, 8, 10)),
+             (base[:, :, :, ::2], (4, 6, 40)), (base[:1, :, :, 3:7], (6, 8, 2, 2)),
+             (base[:, :, :, 2:6], (1, 4, 6, 8, 4, 1)), (base, (24, 80))]
+    for arr, shape in cases:
+        offset = (arr.ctypes.data - base.ctypes.data) // 4
+        v = Val(Storage("arena", 0, f32, base.shape, 0), f32, arr.shape,
+                tuple(s // 4 for s in arr.strides), offset)
+        got = strided_reshape(v, shape)
+        try:
+            view = arr.view()
+            view.shape = shape          # numpy's reshape without a copy, or an error
+        except AttributeError:
+            assert got is None, (arr.strides, shape)
+            continue
+        assert got is not None and got.offset == offset and tuple(got.shape) == shape
+        assert [s for s, n in zip(got.strides, shape) if n != 1] == \
+            [s // 4 for s, n in zip(view.strides, shape) if n != 1]
