@@ -207,13 +207,7 @@ def _gemm_prefix(dtype):
 
 def _matmul(e, node, low):
     a, b = e.vals[node.args[0]], e.vals[node.args[1]]
-    result = e.fresh(node)
-    order = node.kwargs.get("order")
-    # With ``order`` the result holds the product's dims in that order: the
-    # product is written through a permuted view of it (rows ldc apart).
-    out = result if order is None else permuted(result, tuple(
-        int(d) for d in np.argsort(order)))
-    ldc = out.strides[-2]
+    out = e.fresh(node)
     M, K = a.shape[-2:]
     N = b.shape[-1]
     a, (ta, lda) = _gemm_operand(e, a, M, K)
@@ -231,7 +225,7 @@ def _matmul(e, node, low):
     rows = M
     # b shared by every batch and a plain row-major: one gemm over all rows
     if batch and all(s == 0 for s in sb) and ta == "CblasNoTrans":
-        dims, vecs = e.loop_nest(list(batch) + [M], [sa + [lda], so + [ldc]])
+        dims, vecs = e.loop_nest(list(batch) + [M], [sa + [lda], so + [N]])
         merged_lda = vecs[0][0] if dims else lda
         # BLAS needs lda >= K: rows repeated by a broadcast (stride 0) cannot merge.
         if len(dims) <= 1 and (not dims or dims[0] == 1 or not isinstance(merged_lda, int)
@@ -248,16 +242,16 @@ def _matmul(e, node, low):
     omp = (pragma(prod(sizes) // 32, collapse=len(batch))
            if batch and all(isinstance(d, int) for d in sizes) and rows * N * K <= 65536 * 4
            else "")
-    e.prog.gemms.append(Gemm(out.dtype, ta, tb, rows, N, K, lda, ldb, ldc, prod(batch), 0.0))
+    e.prog.gemms.append(Gemm(out.dtype, ta, tb, rows, N, K, lda, ldb, N, prod(batch), 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
                    omp=omp,
-                   K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(ldc),
+                   K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
                    a=f"{e.ptr(a)} + {e.index(a.offset, sa, names)}",
                    b=f"{e.ptr(b)} + {e.index(b.offset, sb, names)}",
                    c=f"{e.ptr(out)} + {e.index(out.offset, so, names)}",
                    zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
-    e.vals[node] = result
+    e.vals[node] = out
 
 
 def _linear(e, node, low):

@@ -69,6 +69,14 @@ def argmax(x, dim, keepdim):
     return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
 
 
+def _matmul_meta(a, b):
+    batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
+                           f"({a.shape[-2]}x{a.shape[-1]} and {b.shape[-2]}x{b.shape[-1]})")
+    return tuple(batch) + (a.shape[-2], b.shape[-1]), np.result_type(a.dtype, b.dtype)
+
+
 def transpose_last(x):
     """Swap the last two dims (a view)."""
     n = len(x.shape)
@@ -93,44 +101,22 @@ def _transposed(x) -> bool:
     return x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
 
 
-def _matmul_meta(a, b, order=None):
-    batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
-    if a.shape[-1] != b.shape[-2]:
-        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
-                           f"({a.shape[-2]}x{a.shape[-1]} and {b.shape[-2]}x{b.shape[-1]})")
-    shape = tuple(batch) + (a.shape[-2], b.shape[-1])
-    return (shape if order is None else tuple(shape[d] for d in order),
-            np.result_type(a.dtype, b.dtype))
-
-
-@prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)), index_params=("order",),
+@prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)),
       c=Template("matmul.c.j2", kind="gemm"))
-def matmul(a, b, order=None):
-    """Batched matrix product; both operands have at least 2 dims. ``order``: the
-    product's dims in the order the result holds them (a permutation that keeps
-    the last dim last): the product written straight into that layout, as
-    attention's output, which torch lays out as its query (heads inside the
-    sequence: ``F.scaled_dot_product_attention``); None: the product itself."""
+def matmul(a, b):
+    """Batched matrix product; both operands have at least 2 dims."""
     # (whether b is transposed first: one comparison in the common case, 8 times a
     # step in the custom-Function MLP's forward)
     if b.strides[-2] == b.itemsize and b_row_major_first(
             _transposed(a), _transposed(b), max(a.ndim, b.ndim) > 2,
             a.shape[-2], b.shape[-1], a.shape[-1]):
         b = np.ascontiguousarray(b)
-    if order is None:
-        return as_array(np.matmul(a, b))
-    shape, dtype = _matmul_meta(a, b, order)
-    out = np.empty(shape, dtype)
-    np.matmul(a, b, out=out.transpose(np.argsort(order)))
-    return out
+    return as_array(np.matmul(a, b))
 
 
 @matmul.defvjp
 def _(ctx, g):
     b, a = ctx.saved
-    order = ctx.params.get("order")
-    if order is not None:       # the product's gradient, from the result's layout
-        g = ops.permute(g, perm=tuple(int(d) for d in np.argsort(order)))
     ga = sum_to(ops.matmul(g, transpose_last(b)), ctx.shapes[0]) if ctx.needs[0] else None
     gb = sum_to(ops.matmul(transpose_last(a), g), ctx.shapes[1]) if ctx.needs[1] else None
     return ga, gb

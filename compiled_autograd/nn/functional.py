@@ -115,7 +115,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         attn = ops.scaled_softmax(scores, scale=float(scale), causal=bool(is_causal))
         if dropout_p > 0.0:
             attn = dropout(attn, dropout_p, True)
-        return _attention_output(attn, value, query)
+        return attn.matmul(value)
     scores = scores * scale
     if is_causal:
         causal = np.tril(np.ones((L, S), dtype=bool))
@@ -128,17 +128,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     attn = scores.softmax(-1)
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p, True)
-    return _attention_output(attn, value, query)
+    return attn.matmul(value)
 
 
-def _attention_output(attn, value, query):
-    """attn @ value, laid out in memory as ``query`` is (torch's sdpa): for heads
-    split from a sequence's features (a [b, n, h, d] array seen as [b, h, n, d]),
-    the output is a [b, h, n, d] view of a [b, n, h, d] array, and merging the heads
-    back (``y.transpose(1, 2).reshape(b, n, h * d)``) is a view, not a copy."""
-    strides = query.stride()
-    order = tuple(sorted(range(query.ndim), key=lambda d: -strides[d]))
-    if (query.ndim < 3 or order[-1] != query.ndim - 1 or order == tuple(range(query.ndim))
-            or query.shape != attn.shape[:-1] + value.shape[-1:]):
-        return attn.matmul(value)
-    return ops.matmul(attn, value, order=order).permute(*np.argsort(order).tolist())
