@@ -107,20 +107,20 @@ def _reduce(e, node, low):
         text = text.replace(f"@{j}@", e.index(offset, strides, names))
     floating = np.issubdtype(out.dtype, np.floating)
     opt = low.options
+    rows_kept = loop and (len(loop) - 1) not in dims and dims
     acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
+    if rows_kept and opt["op"] == "sum" and out.dtype == np.float32:
+        # numpy sums a float32 array over leading dims a row at a time, in float32:
+        # the same order here is its result bit for bit on a contiguous input (a
+        # bias's gradient is eager's), with half the work per element of double's
+        acc = out.ctype
     init = opt["init"][0 if floating else 1]
     data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc, init=init, value=text)
     load = work(loop, cost(text))
-    if loop and (len(loop) - 1) not in dims and dims:
+    if rows_kept:
         # The last dim is kept: walk the input in memory order and accumulate
         # into one row of accumulators (a scratch buffer), not down strided columns.
         # Threads take shares of the last dim's columns (a row of 32 or more).
-        # A float32 sum accumulates in float32: numpy sums over leading dims so,
-        # a row at a time in this order (bit for bit on a contiguous input), and
-        # the gradient matches eager's where a double sum would be more exact
-        # than it; half the work per element of double's (bias gradients).
-        if opt["op"] == "sum" and out.dtype == np.float32:
-            acc = data["acc"] = out.ctype
         n_out = prod([loop[d] for d in kept])
         scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
             acc, out.dtype), (n_out,))
@@ -331,23 +331,19 @@ def _cat(e, node, low):
         e.emit(_render(low.template, parts=[e.store_loop(out, text, leaves)]))
         e.vals[node] = out
         return
-    start, pieces = 0, []
+    start, parts = 0, []
     for a in node.args:
         v = e.vals[a]
-        pieces.append((start, v))
+        parts.append(e.copy_into(_window(out, d, start, v.shape), v))
         start = add(start, v.shape[d])
-    e.emit(_render(low.template, parts=_copies_into(e, out, d, pieces)))
+    e.emit(_render(low.template, parts=parts))
     e.vals[node] = out
 
 
-def _copies_into(e, out: Val, d, pieces):
-    """The loops copying each (start, Val) of ``pieces`` into ``out``'s window
-    of dim ``d`` from ``start``."""
-    parts = []
-    for start, v in pieces:
-        dst = sliced(out, d, start, 1)
-        parts.append(e.copy_into(dst.with_layout(v.shape, dst.strides, dst.offset), v))
-    return parts
+def _window(out: Val, d, start, shape) -> Val:
+    """``out``'s window of ``shape`` along dim ``d`` from ``start`` (step 1)."""
+    v = sliced(out, d, start, 1)
+    return v.with_layout(shape, v.strides, v.offset)
 
 
 def tiled_sum(e, node, tiling):
@@ -357,23 +353,18 @@ def tiled_sum(e, node, tiling):
     out = e.fresh(node)
     d = tiling.dim
     for start, stop in tiling.gaps:
-        gap = sliced(out, d, start, 1)
-        shape = out.shape[:d] + (stop - start,) + out.shape[d + 1:]
-        _fill(e, gap.with_layout(shape, gap.strides, gap.offset))
+        _fill(e, _window(out, d, start, out.shape[:d] + (stop - start,) + out.shape[d + 1:]))
     parts = []
     for start, g in tiling.pieces:
-        shape = _shape(g)
-        window = sliced(out, d, start, 1)
-        window = window.with_layout(shape, window.strides, window.offset)
-        v = e.vals[g] if g not in tiling.reshapes else e.vals[g.args[0]]
+        window = _window(out, d, start, _shape(g))
         if g in tiling.reshapes:
             # the reshape's input, copied into the window seen in its shape (no
             # copy of its own first); where that view cannot be, as the reshape
-            window_in = strided_reshape(window, v.shape)
-            if window_in is not None:
-                window = window_in
-            else:
-                v = _reshape(e, v, {}, shape)
+            v = e.vals[g.args[0]]
+            seen = strided_reshape(window, v.shape)
+            window, v = (seen, v) if seen is not None else (window, _reshape(e, v, {}, window.shape))
+        else:
+            v = e.vals[g]
         parts.append(e.copy_into(window, v))
     if parts:
         e.emit(_render("cat.c.j2", parts=parts))

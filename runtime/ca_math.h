@@ -131,7 +131,7 @@ CA_INLINE float ca_erfc_scaled_f(float t) {
   return r;
 }
 /* R(t) = erfc(t) exp(t^2) again, one polynomial in (t - 2) / 2 fitted on
-   0 <= t <= 4 (relative error 2.4e-7 there; t clamped at 4): GELU's cdf from
+   0 <= t <= 4 (t clamped at 4; GELU's accuracy: tests/test_c_math.py): GELU's cdf from
    one exp and one polynomial, where erf needs two branches. */
 CA_INLINE float ca_erfc_scaled0_f(float t) {
   float v = ((t > 4.0f ? 4.0f : t) - 2.0f) * 0.5f;
@@ -183,8 +183,9 @@ CA_INLINE float ca_gauss_f(float x) {
    is the cdf below 0 and 1 - h above: one exp and one polynomial where erf
    needs two branches (the transformer's four GELU kernels 0.94 -> 0.80 ms,
    benchmarks/forward_kernels.py), and no cancellation in the tail
-   (numpy's float32 1 + erf(u) keeps none of it past x = -5.4). Within 7e-7
-   relative of float64's GELU down to x = -5.6; past it R's argument is clamped
+   (float32's 1 + erf(u) is 0 once erf(u) rounds to -1, past x = -5.4). Within
+   4e-7 relative of float64's GELU down to x = -5.6 (1.2e-6 without fused
+   multiply-add); past it R's argument is clamped
    and the value, below 1e-8 |x|, is off by up to a factor of 2
    (tests/test_c_math.py). */
 CA_INLINE float ca_gelu_f(float x) {

@@ -4,6 +4,7 @@ each gradient copied into its window, zeros only in a gap, no zero fill of the
 whole and no add. Gradients against eager, torch and central differences; the
 cases that keep the old code (overlap, step 2, a symbolic size, another user)
 against eager; the generated C counted."""
+import contextlib
 import re
 
 import numpy as np
@@ -97,12 +98,14 @@ def _grad(fn, x_np, backend=None, dtype=np.float32):
     x = ca.tensor(x_np, dtype=dtype, requires_grad=True)
     out = fn(ca, x)
     up = ca.tensor(_x(out.shape, dtype, seed=1), dtype=dtype)
-    if backend is None:
-        out.backward(up)
-    else:
-        with ca.compiled_backward(backend=backend):
-            out.backward(up)
+    _backward(out, backend, up)
     return x.grad.numpy()
+
+
+def _backward(out, backend, grad=None):
+    """out.backward(grad), eagerly (``backend=None``) or compiled."""
+    with ca.compiled_backward(backend=backend) if backend else contextlib.nullcontext():
+        out.backward(grad)
 
 
 def _traced(fn, shape, dtype=np.float32):
@@ -291,11 +294,7 @@ def test_a_leaf_chunked_gets_its_grad_accumulated():
         x = ca.tensor(_x((4, 6), np.float32), requires_grad=True)
         for _ in range(2):
             out = _chunk3_last(ca, x).sum()
-            if backend is None:
-                out.backward()
-            else:
-                with ca.compiled_backward(backend=backend):
-                    out.backward()
+            _backward(out, backend)
         return x.grad.numpy()
     np.testing.assert_allclose(run("c"), run(None), rtol=1e-5, atol=1e-6)
 
@@ -309,11 +308,7 @@ def test_a_hook_on_the_chunked_tensor_sees_the_whole_gradient():
         x = w * 2.0
         x.register_hook(lambda g: (seen.setdefault(backend, g.numpy().copy()), g * 3.0)[1])
         out = _chunk3_last(ca, x).sum()
-        if backend is None:
-            out.backward()
-        else:
-            with ca.compiled_backward(backend=backend):
-                out.backward()
+        _backward(out, backend)
         return w.grad.numpy()
     np.testing.assert_allclose(run("c"), run(None), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(seen["c"], seen[None], rtol=1e-5, atol=1e-6)

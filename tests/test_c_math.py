@@ -127,8 +127,8 @@ def _gelu64(x):
 
 def test_gelu_keeps_relative_accuracy_down_to_its_clamp(lib):
     # x cdf(x), the cdf 1 - h above zero and h below (h = exp(-u^2) R(|u|) / 2): no
-    # cancellation, so small values keep their relative accuracy (numpy's and
-    # torch's float32 1 + erf(u) keep none below x = -5.4) down to |u| = 4, where
+    # cancellation, so small values keep their relative accuracy (a float32
+    # 1 + erf(u) is 0 once erf(u) rounds to -1, below x = -5.4) down to |u| = 4, where
     # R's argument is clamped; past it the value is below 1e-8 |x|.
     x = np.concatenate([_sweep(12.0), np.linspace(-12, 12, 200_001, dtype=np.float32)])
     got, ref = _run(lib, "test_gelu", x).astype(np.float64), _gelu64(x)
