@@ -16,7 +16,7 @@ from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_e
 from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
-from compiled_autograd.runtime.prims_reduce import b_row_major_first
+from compiled_autograd.runtime.prims_reduce import TRI, b_row_major_first, tri_blocks
 
 
 def emit(e, node, lowering):
@@ -223,8 +223,9 @@ def _matmul(e, node, low):
 
     sa, sb, so = batch_strides(a), batch_strides(b), list(out.strides[:-2])
     rows = M
+    tri = node.kwargs.get("tri")
     # b shared by every batch and a plain row-major: one gemm over all rows
-    if batch and all(s == 0 for s in sb) and ta == "CblasNoTrans":
+    if tri is None and batch and all(s == 0 for s in sb) and ta == "CblasNoTrans":
         dims, vecs = e.loop_nest(list(batch) + [M], [sa + [lda], so + [N]])
         merged_lda = vecs[0][0] if dims else lda
         # BLAS needs lda >= K: rows repeated by a broadcast (stride 0) cannot merge.
@@ -242,16 +243,43 @@ def _matmul(e, node, low):
     omp = (pragma(prod(sizes) // 32, collapse=len(batch))
            if batch and all(isinstance(d, int) for d in sizes) and rows * N * K <= 65536 * 4
            else "")
+    a_ptr = f"{e.ptr(a)} + {e.index(a.offset, sa, names)}"
+    b_ptr = f"{e.ptr(b)} + {e.index(b.offset, sb, names)}"
+    c_ptr = f"{e.ptr(out)} + {e.index(out.offset, so, names)}"
+    if tri is not None:
+        _emit_tri(e, tri, out, fn, suffix, ta, tb, (M, N, K), (lda, ldb), omp,
+                  list(zip(names, batch)), (a_ptr, b_ptr, c_ptr))
+        e.vals[node] = out
+        return
     e.prog.gemms.append(Gemm(out.dtype, ta, tb, rows, N, K, lda, ldb, N, prod(batch), 0.0))
     e.emit(_render(low.template, fn=fn, f=suffix, ta=ta, tb=tb, M=c_expr(rows), N=c_expr(N),
                    omp=omp,
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
-                   a=f"{e.ptr(a)} + {e.index(a.offset, sa, names)}",
-                   b=f"{e.ptr(b)} + {e.index(b.offset, sb, names)}",
-                   c=f"{e.ptr(out)} + {e.index(out.offset, so, names)}",
-                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
+                   a=a_ptr, b=b_ptr, c=c_ptr, zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
     e.vals[node] = out
+
+
+def _emit_tri(e, tri, out, fn, suffix, ta, tb, sizes, lds, omp, loops, ptrs):
+    """A block-triangular product (matmul's ``tri``): ca_tri_block's blocks, one
+    BLAS call each (matmul_tri.c.j2)."""
+    M, N, K = sizes
+    lda, ldb = lds
+    count = prod([n for _, n in loops])
+    for r0, r1, c0, c1, k0, k1 in (tri_blocks(tri, M, N, K)
+                                   if all(isinstance(d, int) for d in sizes) else ()):
+        if r1 > r0 and c1 > c0 and k1 > k0:
+            e.prog.gemms.append(Gemm(out.dtype, ta, tb, r1 - r0, c1 - c0, k1 - k0, lda, ldb, N,
+                                     count, 0.0))
+    e.emit(_render("matmul_tri.c.j2", fn=fn, f=suffix, ta=ta, tb=tb, omp=omp,
+                   T="float" if suffix == "f" else "double", tri=TRI.index(tri) + 1,
+                   out_tri=tri.startswith("out_"), M=c_expr(M), N=c_expr(N), K=c_expr(K),
+                   lda=c_expr(lda), ldb=c_expr(ldb), loops=[(n, c_expr(d)) for n, d in loops],
+                   a_at="bl[0] * (%s) + bl[4]" % c_expr(lda) if ta == "CblasNoTrans"
+                   else "bl[4] * (%s) + bl[0]" % c_expr(lda),
+                   b_at="bl[4] * (%s) + bl[2]" % c_expr(ldb) if tb == "CblasNoTrans"
+                   else "bl[2] * (%s) + bl[4]" % c_expr(ldb),
+                   a=ptrs[0], b=ptrs[1], c=ptrs[2]))
 
 
 def _linear(e, node, low):

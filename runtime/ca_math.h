@@ -223,6 +223,29 @@ CA_INLINE double ca_gelu_grad_tanh_d(double x) {
   double x2 = x * x, t = tanh(0.7978845608028654 * (x + 0.044715 * x2 * x));
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (0.7978845608028654 * (1.0 + 0.134145 * x2));
 }
+/* Block-triangular products (matmul's `tri`: runtime/prims_reduce.py, whose
+   tri_blocks is this rule in Python): block `i` of an M x N product over K, as
+   rows [b[0], b[1]), columns [b[2], b[3]) and the range of k [b[4], b[5]); 0 past
+   the last block. Blocks of CA_TRI_BLOCK rows, or columns for b_*. The out_*
+   variants' rows are 0 outside their block's columns; an empty range of k is a
+   block of zeros. kernels.c's matmul_tri and the C backend's loop over this. */
+#define CA_TRI_BLOCK 16
+enum { CA_TRI_A_LOWER = 1, CA_TRI_A_UPPER, CA_TRI_B_LOWER, CA_TRI_B_UPPER,
+       CA_TRI_OUT_LOWER, CA_TRI_OUT_UPPER };
+CA_INLINE int ca_tri_block(int tri, int64_t i, int64_t M, int64_t N, int64_t K, int64_t *b) {
+  int by_cols = tri == CA_TRI_B_LOWER || tri == CA_TRI_B_UPPER;
+  int64_t n = by_cols ? N : M, lo = i * CA_TRI_BLOCK;
+  if (lo >= n) return 0;
+  int64_t hi = lo + CA_TRI_BLOCK < n ? lo + CA_TRI_BLOCK : n;
+  b[0] = by_cols ? 0 : lo; b[1] = by_cols ? M : hi;
+  b[2] = by_cols ? lo : 0; b[3] = by_cols ? hi : N;
+  b[4] = 0; b[5] = K;
+  if (tri == CA_TRI_A_LOWER || tri == CA_TRI_B_UPPER) b[5] = hi < K ? hi : K;
+  else if (tri == CA_TRI_A_UPPER || tri == CA_TRI_B_LOWER) b[4] = lo < K ? lo : K;
+  else if (tri == CA_TRI_OUT_LOWER) b[3] = hi < N ? hi : N;
+  else if (tri == CA_TRI_OUT_UPPER) b[2] = lo < N ? lo : N;
+  return 1;
+}
 #define ca_exp_i ca_exp_d
 #define ca_erf_i ca_erf_d
 #define ca_sigmoid_i ca_sigmoid_d

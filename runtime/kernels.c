@@ -428,6 +428,28 @@ static PyObject *k_set_gemm(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* One BLAS call C = op(A) op(B) (+ beta C) of the given dtype, with the BLAS's
+   integer width (checked by the caller). */
+static void gemm_call(int type, int ta, int tb, npy_intp M, npy_intp N, npy_intp K,
+                      const void *a, npy_intp lda, const void *b, npy_intp ldb, double beta,
+                      void *c, npy_intp ldc)
+{
+    if (type == NPY_FLOAT32) {
+        if (gemm_int64)
+            ((gemm64_f)gemm_s)(ROW_MAJOR, ta, tb, M, N, K, 1.0f, a, lda, b, ldb, (float)beta,
+                               c, ldc);
+        else
+            ((gemm32_f)gemm_s)(ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0f, a, (int)lda, b,
+                               (int)ldb, (float)beta, c, (int)ldc);
+    } else {
+        if (gemm_int64)
+            ((dgemm64_f)gemm_d)(ROW_MAJOR, ta, tb, M, N, K, 1.0, a, lda, b, ldb, beta, c, ldc);
+        else
+            ((dgemm32_f)gemm_d)(ROW_MAJOR, ta, tb, (int)M, (int)N, (int)K, 1.0, a, (int)lda, b,
+                                (int)ldb, beta, c, (int)ldc);
+    }
+}
+
 /* x, w or b as linear takes it: an exact ndarray of the dtype, native, aligned. */
 static int linear_operand(PyObject *o, int type)
 {
@@ -490,26 +512,148 @@ static PyObject *k_linear(PyObject *self, PyObject *const *args, Py_ssize_t narg
     void *c = PyArray_DATA((PyArrayObject *)out);
     const void *a = PyArray_DATA(x), *bw = PyArray_DATA(w);
     PyThreadState *ts = rows * n_out * n_in >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
-    if (type == NPY_FLOAT32) {
-        if (b != NULL)
+    if (b != NULL) {
+        if (type == NPY_FLOAT32)
             FILL_ROWS(float);
-        float beta = b != NULL ? 1.0f : 0.0f;
-        if (gemm_int64)
-            ((gemm64_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0f, a, n_in, bw,
-                               ldb, beta, c, n_out);
         else
-            ((gemm32_f)gemm_s)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0f,
-                               a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
-    } else {
-        if (b != NULL)
             FILL_ROWS(double);
-        double beta = b != NULL ? 1.0 : 0.0;
-        if (gemm_int64)
-            ((dgemm64_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, rows, n_out, n_in, 1.0, a, n_in, bw,
-                                ldb, beta, c, n_out);
-        else
-            ((dgemm32_f)gemm_d)(ROW_MAJOR, NO_TRANS, tb, (int)rows, (int)n_out, (int)n_in, 1.0,
-                                a, (int)n_in, bw, (int)ldb, beta, c, (int)n_out);
+    }
+    gemm_call(type, NO_TRANS, tb, rows, n_out, n_in, a, n_in, bw, ldb, b != NULL ? 1.0 : 0.0,
+              c, n_out);
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    return out;
+}
+
+/* The BLAS layout of a matrix's last two dims (rows x cols, strides in bytes):
+   row-major (NO_TRANS) or column-major (TRANS) with its leading dimension in
+   elements; 0 where it is neither (the caller gives NotImplemented). */
+static int blas_layout(npy_intp sr, npy_intp sc, npy_intp rows, npy_intp cols, npy_intp isz,
+                       int *trans, npy_intp *ld)
+{
+    if (rows == 0 || cols == 0) {     /* nothing is read */
+        *trans = NO_TRANS;
+        *ld = cols > 1 ? cols : 1;
+        return 1;
+    }
+    if (sr % isz || sc % isz)
+        return 0;
+    if ((sc == isz || cols == 1) && (rows == 1 || sr >= cols * isz)) {
+        *trans = NO_TRANS;
+        *ld = rows != 1 ? sr / isz : cols;
+        return *ld >= (cols > 1 ? cols : 1);
+    }
+    if ((sr == isz || rows == 1) && (cols == 1 || sc >= rows * isz)) {
+        *trans = TRANS;
+        *ld = cols != 1 ? sc / isz : rows;
+        return *ld >= (rows > 1 ? rows : 1);
+    }
+    return 0;
+}
+
+static void zero_rows(char *c, npy_intp ldc_bytes, npy_intp r0, npy_intp r1, npy_intp c0,
+                      npy_intp c1, npy_intp isz)
+{
+    if (c1 > c0)
+        for (npy_intp r = r0; r < r1; r++)
+            memset(c + r * ldc_bytes + c0 * isz, 0, (size_t)(c1 - c0) * isz);
+}
+
+/* matmul_tri(a, b, tri): the block-triangular product of matmul's `tri` (1..6:
+   ca_math.h's CA_TRI_*), by ca_tri_block's blocks, one BLAS call each, over a
+   broadcast batch; NotImplemented where it does not apply (not two float32 or two
+   float64 native ndarrays, a matrix the BLAS cannot read, no BLAS). */
+static PyObject *k_matmul_tri(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "matmul_tri(a, b, tri) takes 3 arguments");
+        return NULL;
+    }
+    long tri = PyLong_AsLong(args[2]);
+    if (tri == -1 && PyErr_Occurred())
+        return NULL;
+    if (tri < CA_TRI_A_LOWER || tri > CA_TRI_OUT_UPPER) {
+        PyErr_Format(PyExc_ValueError, "matmul_tri: tri must be 1..6, got %ld", tri);
+        return NULL;
+    }
+    if (gemm_s == NULL || gemm_d == NULL || !PyArray_CheckExact(args[0])
+        || !PyArray_CheckExact(args[1]))
+        return not_implemented();
+    PyArrayObject *a = (PyArrayObject *)args[0], *b = (PyArrayObject *)args[1];
+    int type = PyArray_TYPE(a), nda = PyArray_NDIM(a), ndb = PyArray_NDIM(b);
+    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || !linear_operand(args[0], type)
+        || !linear_operand(args[1], type) || nda < 2 || ndb < 2)
+        return not_implemented();
+    npy_intp isz = PyArray_ITEMSIZE(a);
+    npy_intp M = PyArray_DIM(a, nda - 2), K = PyArray_DIM(a, nda - 1), N = PyArray_DIM(b, ndb - 1);
+    if (PyArray_DIM(b, ndb - 2) != K)
+        return not_implemented();
+    int ta, tb;
+    npy_intp lda, ldb;
+    if (!blas_layout(PyArray_STRIDE(a, nda - 2), PyArray_STRIDE(a, nda - 1), M, K, isz, &ta, &lda)
+        || !blas_layout(PyArray_STRIDE(b, ndb - 2), PyArray_STRIDE(b, ndb - 1), K, N, isz, &tb,
+                        &ldb))
+        return not_implemented();
+    if (!gemm_int64 && (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX
+                        || ldb > INT_MAX))
+        return not_implemented();
+    /* the broadcast batch: out's dims, and each operand's byte stride per dim (0
+       where it is broadcast) */
+    int nb = (nda > ndb ? nda : ndb) - 2;
+    npy_intp dims[NPY_MAXDIMS], sa[NPY_MAXDIMS], sb[NPY_MAXDIMS], total = 1;
+    for (int d = 0; d < nb; d++) {
+        int da = d - (nb - (nda - 2)), db = d - (nb - (ndb - 2));
+        npy_intp na = da >= 0 ? PyArray_DIM(a, da) : 1, nbd = db >= 0 ? PyArray_DIM(b, db) : 1;
+        if (na != nbd && na != 1 && nbd != 1)
+            return not_implemented();
+        dims[d] = na > nbd ? na : nbd;
+        if (na == 0 || nbd == 0)
+            dims[d] = 0;
+        sa[d] = da >= 0 && na != 1 ? PyArray_STRIDE(a, da) : 0;
+        sb[d] = db >= 0 && nbd != 1 ? PyArray_STRIDE(b, db) : 0;
+        total *= dims[d];
+    }
+    dims[nb] = M;
+    dims[nb + 1] = N;
+    PyObject *out = PyArray_SimpleNew(nb + 2, dims, type);
+    if (out == NULL || total == 0 || M == 0 || N == 0)
+        return out;
+    char *c = PyArray_DATA((PyArrayObject *)out);
+    const char *a0 = PyArray_DATA(a), *b0 = PyArray_DATA(b);
+    npy_intp ldc_bytes = N * isz, idx[NPY_MAXDIMS] = {0};
+    int out_tri = tri == CA_TRI_OUT_LOWER || tri == CA_TRI_OUT_UPPER;
+    PyThreadState *ts = total * M * N * K >= CA_NOGIL_MIN ? PyEval_SaveThread() : NULL;
+    for (npy_intp t = 0; t < total; t++) {
+        npy_intp oa = 0, ob = 0;
+        for (int d = 0; d < nb; d++) {
+            oa += idx[d] * sa[d];
+            ob += idx[d] * sb[d];
+        }
+        char *ct = c + t * M * ldc_bytes;
+        int64_t bl[6];
+        for (int64_t i = 0; ca_tri_block((int)tri, i, M, N, K, bl); i++) {
+            npy_intp r0 = bl[0], r1 = bl[1], c0 = bl[2], c1 = bl[3], k0 = bl[4], k1 = bl[5];
+            if (r1 > r0 && c1 > c0) {
+                if (k1 > k0) {
+                    npy_intp ea = ta == NO_TRANS ? r0 * lda + k0 : k0 * lda + r0;
+                    npy_intp eb = tb == NO_TRANS ? k0 * ldb + c0 : c0 * ldb + k0;
+                    gemm_call(type, ta, tb, r1 - r0, c1 - c0, k1 - k0, a0 + oa + ea * isz, lda,
+                              b0 + ob + eb * isz, ldb, 0.0, ct + r0 * ldc_bytes + c0 * isz, N);
+                } else {
+                    zero_rows(ct, ldc_bytes, r0, r1, c0, c1, isz);
+                }
+            }
+            if (out_tri) {
+                zero_rows(ct, ldc_bytes, r0, r1, 0, c0, isz);
+                zero_rows(ct, ldc_bytes, r0, r1, c1, N, isz);
+            }
+        }
+        for (int d = nb - 1; d >= 0; d--) {       /* the next batch index */
+            if (++idx[d] < dims[d])
+                break;
+            idx[d] = 0;
+        }
     }
     if (ts != NULL)
         PyEval_RestoreThread(ts);
@@ -525,6 +669,8 @@ static PyMethodDef methods[] = {
      "softmax(x, dim, log): (log_)softmax over the last dim, or NotImplemented"},
     {"linear", (PyCFunction)(void (*)(void))k_linear, METH_FASTCALL,
      "linear(x, w, b): x @ w.T + b as one GEMM onto rows of b, or NotImplemented"},
+    {"matmul_tri", (PyCFunction)(void (*)(void))k_matmul_tri, METH_FASTCALL,
+     "matmul_tri(a, b, tri): a block-triangular product (matmul's tri), or NotImplemented"},
     {"set_gemm", (PyCFunction)(void (*)(void))k_set_gemm, METH_FASTCALL,
      "set_gemm(sgemm, dgemm, int64): the BLAS's gemm addresses, for linear"},
     {"scaled_softmax", (PyCFunction)(void (*)(void))k_scaled_softmax, METH_FASTCALL,

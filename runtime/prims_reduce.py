@@ -69,7 +69,7 @@ def argmax(x, dim, keepdim):
     return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
 
 
-def _matmul_meta(a, b):
+def _matmul_meta(a, b, tri=None):
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
     if a.shape[-1] != b.shape[-2]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
@@ -101,25 +101,101 @@ def _transposed(x) -> bool:
     return x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
 
 
+# Block-triangular products (matmul's ``tri``): attention's causal mask zeroes the
+# entries above the diagonal of its scores' last two dims, so its two products and
+# their four gradients skip the blocks of the mask's zeros. The triangle is taken by
+# blocks of TRI_BLOCK rows and columns: "lower" keeps the entries (i, j) with
+# i // TRI_BLOCK >= j // TRI_BLOCK (the causal entries and the rest of the diagonal
+# blocks), "upper" those with i // TRI_BLOCK <= j // TRI_BLOCK (its transpose).
+#   a_lower, a_upper: matmul(a kept to its triangle, b): only its entries are read;
+#   b_lower, b_upper: the same of b;
+#   out_lower, out_upper: the product kept to its triangle, 0 elsewhere.
+# The variants are closed under differentiation (the vjp below); each is computed by
+# blocks of rows (a_*, out_*) or columns (b_*) of the product, each block one BLAS
+# call over the range of k it needs: ``tri_blocks`` is the rule, which kernels.c and
+# the C backend take from ca_tri_block (runtime/ca_math.h) and tests compare.
+TRI_BLOCK = 16
+TRI = ("a_lower", "a_upper", "b_lower", "b_upper", "out_lower", "out_upper")
+# d/da of each variant is matmul(g, b^T, tri=...) and d/db is matmul(a^T, g, tri=...):
+# a transpose swaps lower and upper, a kept product gives the gradient's operand
+# that triangle, and a kept operand gives its gradient the same triangle.
+TRI_VJP = {"a_lower": ("out_lower", "a_upper"), "a_upper": ("out_upper", "a_lower"),
+           "b_lower": ("b_upper", "out_lower"), "b_upper": ("b_lower", "out_upper"),
+           "out_lower": ("a_lower", "b_lower"), "out_upper": ("a_upper", "b_upper"),
+           None: (None, None)}
+
+
+def tri_blocks(tri, M, N, K):
+    """The blocks of an M x N product over K that ``tri`` computes: (r0, r1, c0, c1,
+    k0, k1) each, the product's rows and columns and the range of k. Entries of
+    out_*'s rows outside their block's columns are 0; a block whose range of k is
+    empty is 0."""
+    by_cols = tri in ("b_lower", "b_upper")
+    n = N if by_cols else M
+    for lo in range(0, n, TRI_BLOCK):
+        hi = min(lo + TRI_BLOCK, n)
+        r0, r1, c0, c1, k0, k1 = 0, M, 0, N, 0, K
+        if by_cols:
+            c0, c1 = lo, hi
+        else:
+            r0, r1 = lo, hi
+        if tri in ("a_lower", "b_upper"):
+            k1 = min(hi, K)
+        elif tri in ("a_upper", "b_lower"):
+            k0 = min(lo, K)
+        elif tri == "out_lower":
+            c1 = min(hi, N)
+        elif tri == "out_upper":
+            c0 = min(lo, N)
+        yield r0, r1, c0, c1, k0, k1
+
+
+def matmul_tri_numpy(a, b, tri):
+    """The reference of kernels.c's matmul_tri: ``tri_blocks``, each block a numpy
+    product."""
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    out = np.zeros(tuple(batch) + (M, N), np.result_type(a.dtype, b.dtype))
+    for r0, r1, c0, c1, k0, k1 in tri_blocks(tri, M, N, K):
+        if k1 > k0 and r1 > r0 and c1 > c0:
+            out[..., r0:r1, c0:c1] = np.matmul(a[..., r0:r1, k0:k1], b[..., k0:k1, c0:c1])
+    return out
+
+
 @prim("matmul", meta=_matmul_meta, save=((1, 0), (0, 1)),
       c=Template("matmul.c.j2", kind="gemm"))
-def matmul(a, b):
-    """Batched matrix product; both operands have at least 2 dims."""
+def matmul(a, b, tri=None):
+    """Batched matrix product; both operands have at least 2 dims. ``tri``: a
+    block-triangular product (``TRI``, above)."""
     # (whether b is transposed first: one comparison in the common case, 8 times a
     # step in the custom-Function MLP's forward)
     if b.strides[-2] == b.itemsize and b_row_major_first(
             _transposed(a), _transposed(b), max(a.ndim, b.ndim) > 2,
             a.shape[-2], b.shape[-1], a.shape[-1]):
         b = np.ascontiguousarray(b)
-    return as_array(np.matmul(a, b))
+    if tri is None:
+        return as_array(np.matmul(a, b))
+    if tri not in TRI:
+        raise ValueError(f"matmul: tri must be None or one of {TRI}, got {tri!r}")
+    out = call_native("matmul_tri", a, b, TRI.index(tri) + 1)
+    return matmul_tri_numpy(a, b, tri) if out is NotImplemented else out
 
 
 @matmul.defvjp
 def _(ctx, g):
     b, a = ctx.saved
-    ga = sum_to(ops.matmul(g, transpose_last(b)), ctx.shapes[0]) if ctx.needs[0] else None
-    gb = sum_to(ops.matmul(transpose_last(a), g), ctx.shapes[1]) if ctx.needs[1] else None
+    tri_a, tri_b = TRI_VJP[ctx.params.get("tri")]
+    ga = (sum_to(ops.matmul(g, transpose_last(b), **_tri(tri_a)), ctx.shapes[0])
+          if ctx.needs[0] else None)
+    gb = (sum_to(ops.matmul(transpose_last(a), g, **_tri(tri_b)), ctx.shapes[1])
+          if ctx.needs[1] else None)
     return ga, gb
+
+
+def _tri(tri):
+    """matmul's params for ``tri``: none for a plain product (its cache key and
+    graph stay those of a product without the param)."""
+    return {} if tri is None else {"tri": tri}
 
 
 # ---------------------------------------------------------------- fused kernels

@@ -54,11 +54,12 @@ def _rows(rng):
 
 def _attention(rng):
     """A batch of 64 small products (each kept on one thread by the BLAS) and
-    a softmax over the scores."""
+    a softmax over the scores; causal, a batch of block-triangular products."""
     q = ca.tensor(rng.standard_normal((16, 4, 64, 32)), requires_grad=True)
     k = ca.tensor(rng.standard_normal((16, 4, 64, 32)), requires_grad=True)
     v = ca.tensor(rng.standard_normal((16, 4, 64, 32)), requires_grad=True)
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = F.scaled_dot_product_attention(q, k, v) + F.scaled_dot_product_attention(
+        q, k, v, is_causal=True)
     return (y * y).sum(), [q, k, v]
 
 
@@ -100,6 +101,8 @@ def test_every_kind_of_parallel_loop_is_covered():
     assert sources.count("CA_OMP(omp parallel for") > 10
     batch = r"CA_OMP\(omp parallel for [^\n]*\)\n(\s*for [^\n]*\n)+\s*ca_[sd]gemm\("
     assert re.search(batch, sources)                               # a batch of products
+    tri = r"CA_OMP\(omp parallel for [^\n]*\)\n(\s*for [^\n]*\n)+\s*\{\n\s*const \w+ \*ca_a"
+    assert re.search(tri, sources)                      # a batch of block-triangular products
 
 
 def test_small_loops_get_no_pragma_and_symbolic_ones_test_their_size():

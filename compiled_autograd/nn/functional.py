@@ -110,6 +110,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (scaled_softmax)."""
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if (attn_mask is None and is_causal and query.ndim >= 2 and key.ndim >= 2
+            and value.ndim >= 2 and query.dtype.kind == "f"
+            and query.dtype == key.dtype == value.dtype):
+        # The causal mask's zeros, skipped: the scores are computed by blocks of
+        # their lower triangle (the rest is never read), and the weights, 0 above
+        # the diagonal, multiply the values by blocks of theirs (matmul's tri).
+        scores = ops.matmul(query, key.transpose(-2, -1), tri="out_lower")
+        attn = ops.scaled_softmax(scores, scale=float(scale), causal=True)
+        if dropout_p > 0.0:
+            attn = dropout(attn, dropout_p, True)
+        return ops.matmul(attn, value, tri="a_lower")
     scores = query.matmul(key.transpose(-2, -1))
     if attn_mask is None and scores.dtype.kind == "f":
         attn = ops.scaled_softmax(scores, scale=float(scale), causal=bool(is_causal))
