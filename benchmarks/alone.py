@@ -33,10 +33,12 @@ def _make(factory, args):
 
 class Alone:
     """A runner in a process of its own (see the module's docstring); ``env``: more
-    environment variables for that process."""
+    environment variables for that process; ``python`` and ``folder``: another
+    interpreter and another checkout's ``benchmarks/`` (against.py's baseline)."""
 
-    def __init__(self, factory, *args, env=None):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve",
+    def __init__(self, factory, *args, env=None, python=None, folder=None):
+        script = os.path.join(folder, "alone.py") if folder else os.path.abspath(__file__)
+        self.proc = subprocess.Popen([python or sys.executable, script, "--serve",
                                       json.dumps([factory, args])], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      env=None if env is None else {**os.environ, **env})

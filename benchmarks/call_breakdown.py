@@ -1,5 +1,6 @@
 """Where a compiled backward's time goes around the generated code, on the small
-graphs of backward.py ("c" backend, 1 thread): the whole ``loss.backward()``
+graphs of backward.py ("c" backend, 1 thread; ``--cases`` for others, the
+transformer's among them): the whole ``loss.backward()``
 inside ``compiled_backward``, and the medians of its parts, each timed in place
 over the same backwards:
 
@@ -19,7 +20,7 @@ over the same backwards:
   part of the call (the custom-Function MLP; 0 elsewhere);
 - rest: ``backward()``'s and ``compiled_backward``'s own Python around them.
 
-    python benchmarks/call_breakdown.py [--reps N]
+    python benchmarks/call_breakdown.py [--reps N] [--cases a,b]
 """
 from __future__ import annotations
 
@@ -94,15 +95,18 @@ def breakdown(case, reps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--cases", default="small_mlp,chain,custom_fn_python",
+                        help="backward.py's cases (transformer: its reps are a tenth)")
     args = parser.parse_args()
     print(f"\"c\" backend, 1 thread; medians of {args.reps} backwards, each after a fresh "
           "forward (untimed)")
     cols = ("whole", "root", "key", "lookup", "saved", "call", "backwards", "C function",
             "rest")
     print(f"{'case':<17}" + "".join(f"{c:>12}" for c in cols))
-    for case in ("small_mlp", "chain", "custom_fn_python"):
-        row = breakdown(case, args.reps)
-        function = c_breakdown.c_function_share(case, min(args.reps, 100))[2]
+    for case in args.cases.split(","):
+        reps = max(10, args.reps // 10) if case in ("large_mlp", "transformer") else args.reps
+        row = breakdown(case, reps)
+        function = c_breakdown.c_function_share(case, min(reps, 100))[2]
         row["C function"] = function
         row["call"] -= function
         row["rest"] = row["whole"] - sum(row[c] for c in cols[1:-1])

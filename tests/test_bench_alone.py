@@ -73,3 +73,19 @@ def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
 def test_a_child_that_fails_ends_the_benchmark_with_its_code(alone):
     with pytest.raises(SystemExit, match="step server failed"):
         alone.Alone("alone_factory:no_such_function", "z")
+
+
+def test_a_runner_of_another_checkout_runs_its_own_alone_py(alone, tmp_path):
+    """against.py's baseline: another interpreter and another checkout's
+    benchmarks folder, whose alone.py serves the steps and finds its own modules."""
+    other = tmp_path / "other_checkout" / "benchmarks"
+    other.mkdir(parents=True)
+    (other / "alone.py").write_text(ALONE.read_text())
+    (other / "other_factory.py").write_text(FACTORY.replace('"tag": tag', '"tag": tag + "@other"'))
+    runner = alone.Alone("other_factory:make", "b", python=sys.executable, folder=str(other))
+    try:
+        assert runner.info["tag"] == "b@other" and runner.info["pid"] != os.getpid()
+        assert [value[2] for value, _ in runner(2)] == [1, 2]
+    finally:
+        runner.close()
+    assert runner.proc.returncode == 0
