@@ -236,13 +236,14 @@ CA_INLINE int ca_tri_block(int tri, int64_t i, int64_t M, int64_t N, int64_t K, 
   int by_cols = tri == CA_TRI_B_LOWER || tri == CA_TRI_B_UPPER;
   int64_t n = by_cols ? N : M, lo = i * CA_TRI_BLOCK;
   if (lo >= n) return 0;
-  int64_t hi = lo + CA_TRI_BLOCK < n ? lo + CA_TRI_BLOCK : n;
+  int64_t end = lo + CA_TRI_BLOCK;      /* the block's end in the triangle (not cut at n) */
+  int64_t hi = end < n ? end : n;
   b[0] = by_cols ? 0 : lo; b[1] = by_cols ? M : hi;
   b[2] = by_cols ? lo : 0; b[3] = by_cols ? hi : N;
   b[4] = 0; b[5] = K;
-  if (tri == CA_TRI_A_LOWER || tri == CA_TRI_B_UPPER) b[5] = hi < K ? hi : K;
+  if (tri == CA_TRI_A_LOWER || tri == CA_TRI_B_UPPER) b[5] = end < K ? end : K;
   else if (tri == CA_TRI_A_UPPER || tri == CA_TRI_B_LOWER) b[4] = lo < K ? lo : K;
-  else if (tri == CA_TRI_OUT_LOWER) b[3] = hi < N ? hi : N;
+  else if (tri == CA_TRI_OUT_LOWER) b[3] = end < N ? end : N;
   else if (tri == CA_TRI_OUT_UPPER) b[2] = lo < N ? lo : N;
   return 1;
 }

@@ -133,18 +133,19 @@ def tri_blocks(tri, M, N, K):
     by_cols = tri in ("b_lower", "b_upper")
     n = N if by_cols else M
     for lo in range(0, n, TRI_BLOCK):
-        hi = min(lo + TRI_BLOCK, n)
+        end = lo + TRI_BLOCK       # the block's end in the triangle (not cut at n)
+        hi = min(end, n)
         r0, r1, c0, c1, k0, k1 = 0, M, 0, N, 0, K
         if by_cols:
             c0, c1 = lo, hi
         else:
             r0, r1 = lo, hi
         if tri in ("a_lower", "b_upper"):
-            k1 = min(hi, K)
+            k1 = min(end, K)
         elif tri in ("a_upper", "b_lower"):
             k0 = min(lo, K)
         elif tri == "out_lower":
-            c1 = min(hi, N)
+            c1 = min(end, N)
         elif tri == "out_upper":
             c0 = min(lo, N)
         yield r0, r1, c0, c1, k0, k1
