@@ -266,11 +266,13 @@ def _emit_tri(e, tri, out, fn, suffix, ta, tb, sizes, lds, omp, loops, ptrs):
     M, N, K = sizes
     lda, ldb = lds
     count = prod([n for _, n in loops])
-    for r0, r1, c0, c1, k0, k1 in (tri_blocks(tri, M, N, K)
-                                   if all(isinstance(d, int) for d in sizes) else ()):
-        if r1 > r0 and c1 > c0 and k1 > k0:
-            e.prog.gemms.append(Gemm(out.dtype, ta, tb, r1 - r0, c1 - c0, k1 - k0, lda, ldb, N,
-                                     count, 0.0))
+    if all(isinstance(d, int) for d in sizes):
+        for r0, r1, c0, c1, k0, k1 in tri_blocks(tri, M, N, K):
+            if r1 > r0 and c1 > c0 and k1 > k0:
+                e.prog.gemms.append(Gemm(out.dtype, ta, tb, r1 - r0, c1 - c0, k1 - k0, lda, ldb,
+                                         N, count, 0.0))
+    else:     # (symbolic sizes: the blocks are taken at run time; the whole product)
+        e.prog.gemms.append(Gemm(out.dtype, ta, tb, M, N, K, lda, ldb, N, count, 0.0))
     e.emit(_render("matmul_tri.c.j2", fn=fn, f=suffix, ta=ta, tb=tb, omp=omp,
                    T="float" if suffix == "f" else "double", tri=TRI.index(tri) + 1,
                    out_tri=tri.startswith("out_"), M=c_expr(M), N=c_expr(N), K=c_expr(K),
