@@ -95,7 +95,8 @@ def _flops(name, args, params):
         x, w = args[0], args[1]
         return 2 * (x.size // x.shape[-1]) * w.shape[0] * w.shape[1]
     a, b = args
-    batch = max(a.size // (a.shape[-2] * a.shape[-1] or 1), b.size // (b.shape[-2] * b.shape[-1] or 1))
+    batch = max(a.size // (a.shape[-2] * a.shape[-1] or 1),
+                b.size // (b.shape[-2] * b.shape[-1] or 1))
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     tri = params.get("tri")
     if tri is None:

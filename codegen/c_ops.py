@@ -256,7 +256,8 @@ def _matmul(e, node, low):
                    omp=omp,
                    K=c_expr(K), lda=c_expr(lda), ldb=c_expr(ldb), ldc=c_expr(N),
                    loops=[(n, c_expr(d)) for n, d in zip(names, batch)],
-                   a=a_ptr, b=b_ptr, c=c_ptr, zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}", out=e.ptr(out)))
+                   a=a_ptr, b=b_ptr, c=c_ptr, out=e.ptr(out),
+                   zero=f"{c_expr(mul(prod(out.shape), out.dtype.itemsize))}"))
     e.vals[node] = out
 
 

@@ -70,6 +70,8 @@ def argmax(x, dim, keepdim):
 
 
 def _matmul_meta(a, b, tri=None):
+    if tri is not None and tri not in TRI:
+        raise ValueError(f"matmul: tri must be None or one of {TRI}, got {tri!r}")
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
     if a.shape[-1] != b.shape[-2]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
