@@ -69,9 +69,15 @@ def argmax(x, dim, keepdim):
     return as_array(np.argmax(x, axis=dim, keepdims=keepdim)).astype(np.int64, copy=False)
 
 
-def _matmul_meta(a, b, tri=None):
+def _check_tri(tri):
+    """matmul's ``tri`` is None or one of ``TRI`` (the meta's check, and the
+    kernel's, which runs on arrays without the meta)."""
     if tri is not None and tri not in TRI:
         raise ValueError(f"matmul: tri must be None or one of {TRI}, got {tri!r}")
+
+
+def _matmul_meta(a, b, tri=None):
+    _check_tri(tri)
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
     if a.shape[-1] != b.shape[-2]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied "
@@ -178,8 +184,7 @@ def matmul(a, b, tri=None):
         b = np.ascontiguousarray(b)
     if tri is None:
         return as_array(np.matmul(a, b))
-    if tri not in TRI:
-        raise ValueError(f"matmul: tri must be None or one of {TRI}, got {tri!r}")
+    _check_tri(tri)
     out = call_native("matmul_tri", a, b, TRI.index(tri) + 1)
     return matmul_tri_numpy(a, b, tri) if out is NotImplemented else out
 
