@@ -42,7 +42,7 @@ import numpy as np
 
 from compiled_autograd.codegen import c_memory, c_ops, c_threads
 from compiled_autograd.codegen.c_concat import tiled_sums
-from compiled_autograd.codegen.c_fusion import fusable, lowering
+from compiled_autograd.codegen.c_fusion import fusable, lowering, sums_in_producer_loops
 from compiled_autograd.codegen.c_layout import (Storage, Val, broadcast_strides, c_expr, ctype, dim,
                                                 in_layout, mul)
 from compiled_autograd.codegen.c_text import ENV as _ENV
@@ -135,6 +135,11 @@ class Emitter:
         self.tiled = tiled_sums(graph)
         self.absorbed = set().union(*(t.members for t in self.tiled.values()))
         self.fused -= self.absorbed | set(self.tiled)
+        # Sums computed in the loop of the elementwise node they read: the
+        # sum's node emits nothing at its own step.
+        self.sums_in_loop = sums_in_producer_loops(graph, self.fused | self.absorbed
+                                                   | set(self.tiled))
+        self.summed_early = set(self.sums_in_loop.values())
         self.read_until = self._last_reads()
         self.site_of: dict = {}     # hook node -> its callback Site
         self.wants_out = self._wanted_outputs()
@@ -346,6 +351,8 @@ class Emitter:
                 self.store(node, source)
             elif node in self.fused or node in self.absorbed:
                 continue
+            elif node in self.summed_early:
+                pass     # (its value: at its operand's step, c_ops._elementwise)
             else:
                 low = lowering(node)
                 if low is None:

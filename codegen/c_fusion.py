@@ -93,3 +93,40 @@ def fusable(graph):
         else:
             depth[n] = d
     return fused
+
+
+def sums_in_producer_loops(graph, emitted_elsewhere) -> dict:
+    """{elementwise node: the sum computed inside its loop}: a sum over every
+    dim but the last (a bias's gradient, ``sum(g, dims=(0,))``, of g or of its
+    reshape to rows) of a value an elementwise loop writes is added up in that
+    loop, as each element is written, instead of in a pass of its own that
+    reads the value back. The loop then takes the sum's form (threads share
+    the last dim's columns, as the sum's own loop does), so the result is the
+    same, bit for bit, and nothing is read twice. Only across no barrier (a
+    hook may write the value in place before the sum reads it) and for a last
+    dim of 32 or more (threads: a narrower one keeps its loop over rows).
+    ``emitted_elsewhere``: the nodes not emitted as a loop of their own."""
+    step = {n: i for i, n in enumerate(graph.nodes)}
+    stores = barriers(graph)
+    out = {}
+    for r in graph.nodes:
+        low = lowering(r)
+        if low is None or low.kind != "reduction" or low.options["op"] != "sum":
+            continue
+        v = n = r.args[0]
+        vlow = lowering(v) if isinstance(v, Node) else None
+        if vlow is not None and vlow.kind == "view" and vlow.options["layout"] == "reshaped":
+            n = v.args[0]       # (the rows of n: a view, no copy, of its contiguous loop)
+        nlow = lowering(n) if isinstance(n, Node) else None
+        if nlow is None or nlow.kind != "elementwise" or n in emitted_elsewhere or n in out:
+            continue
+        seen, shape = tuple(map(dim, v.meta["shape"])), tuple(map(dim, n.meta["shape"]))
+        if (len(seen) < 2 or len(shape) < 2 or seen[-1] != shape[-1]
+                or tuple(r.kwargs["dims"]) != tuple(range(len(seen) - 1))
+                or (isinstance(shape[-1], int) and shape[-1] < 32)
+                or r.meta["dtype"] != n.meta["dtype"]):
+            continue
+        if stores and bisect.bisect_left(stores, step[n]) != bisect.bisect_left(stores, step[r]):
+            continue
+        out[n] = r
+    return out

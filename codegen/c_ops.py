@@ -13,6 +13,7 @@ import numpy as np
 from compiled_autograd.codegen.c_layout import (Val, add, broadcast_strides, c_expr, contiguous_strides, dim,
                               expanded, mul, permuted, prod, reshaped, sliced,
                               strided_reshape)
+from compiled_autograd.codegen.c_fusion import lowering
 from compiled_autograd.codegen.c_text import literal
 from compiled_autograd.codegen.c_text import render as _render
 from compiled_autograd.codegen.c_threads import HEAVY, cost, pragma, work
@@ -48,7 +49,11 @@ def _elementwise(e, node, low):
     leaves = []
     text, _ = e.expression(node, out.shape, leaves)
     out = e.reuse_dying_input(out, leaves)
-    e.emit(e.store_loop(out, text, leaves))
+    total = e.sums_in_loop.get(node)
+    if total is None:
+        e.emit(e.store_loop(out, text, leaves))
+    else:       # (c_fusion.sums_in_producer_loops: the sum's loop writes out too)
+        _sum_keeping_rows(e, total, lowering(total), text, leaves, store=out)
     e.vals[node] = out
 
 
@@ -99,43 +104,62 @@ def _reduce(e, node, low):
     x = node.args[0]
     loop = _shape(x)
     dims = tuple(node.kwargs["dims"])
-    out = e.fresh(node)
     leaves = []
     text = e.operand(x, loop, leaves, None)
+    if loop and (len(loop) - 1) not in dims and dims:
+        _sum_keeping_rows(e, node, low, text, leaves)
+        return
+    out = e.fresh(node)
     kept, out_strides, names = _reduced_layout(loop, dims)
     for j, (offset, strides, _) in enumerate(leaves):
         text = text.replace(f"@{j}@", e.index(offset, strides, names))
     floating = np.issubdtype(out.dtype, np.floating)
     opt = low.options
-    rows_kept = loop and (len(loop) - 1) not in dims and dims
     acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
-    if rows_kept and opt["op"] == "sum" and out.dtype == np.float32:
+    # Threads take shares of the outputs (never of one output's sum).
+    e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
+                   inner=[(names[d], c_expr(loop[d])) for d in dims],
+                   out_index=e.index(out.offset, out_strides, names),
+                   omp=pragma(work(loop, cost(text)), collapse=len(kept)) if kept else "",
+                   op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc,
+                   init=opt["init"][0 if floating else 1], value=text))
+    e.vals[node] = out
+
+
+def _sum_keeping_rows(e, node, low, text, leaves, store=None):
+    """A reduction over leading dims that keeps the last, of the value ``text``
+    (over its input's loop, with ``leaves``): the input is walked in memory
+    order and each element added into its output's accumulator (a scratch
+    row), not down strided columns; threads take shares of the last dim's
+    columns (a row of 32 or more). ``store``: the loop also writes each
+    value there (the elementwise node whose loop computes the sum too:
+    c_fusion.sums_in_producer_loops)."""
+    loop = _shape(node.args[0]) if store is None else store.shape
+    dims = tuple(node.kwargs["dims"]) if store is None else tuple(range(len(loop) - 1))
+    out = e.fresh(node)
+    kept, out_strides, names = _reduced_layout(loop, dims)
+    for j, (offset, strides, _) in enumerate(leaves):
+        text = text.replace(f"@{j}@", e.index(offset, strides, names))
+    floating = np.issubdtype(out.dtype, np.floating)
+    opt = low.options
+    acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
+    if opt["op"] == "sum" and out.dtype == np.float32:
         # numpy sums a float32 array over leading dims a row at a time, in float32:
         # the same order here is its result bit for bit on a contiguous input (a
         # bias's gradient is eager's), with half the work per element of double's
         acc = out.ctype
-    init = opt["init"][0 if floating else 1]
-    data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc, init=init, value=text)
-    load = work(loop, cost(text))
-    if rows_kept:
-        # The last dim is kept: walk the input in memory order and accumulate
-        # into one row of accumulators (a scratch buffer), not down strided columns.
-        # Threads take shares of the last dim's columns (a row of 32 or more).
-        n_out = prod([loop[d] for d in kept])
-        scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
-            acc, out.dtype), (n_out,))
-        wide = not isinstance(loop[-1], int) or loop[-1] >= 32
-        e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
-                       loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
-                       acc_index=e.index(0, out_strides, names),
-                       out_index=c_expr(out.offset),
-                       omp=pragma(load, parallel_for=False) if wide else "", **data))
-    else:
-        # Threads take shares of the outputs (never of one output's sum).
-        e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
-                       inner=[(names[d], c_expr(loop[d])) for d in dims],
-                       out_index=e.index(out.offset, out_strides, names),
-                       omp=pragma(load, collapse=len(kept)) if kept else "", **data))
+    n_out = prod([loop[d] for d in kept])
+    scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
+        acc, out.dtype), (n_out,))
+    wide = not isinstance(loop[-1], int) or loop[-1] >= 32
+    target = (f"{e.ptr(store)}[{e.index(store.offset, store.strides, names)}]"
+              if store is not None else None)
+    e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
+                   loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
+                   acc_index=e.index(0, out_strides, names), out_index=c_expr(out.offset),
+                   omp=pragma(work(loop, cost(text)), parallel_for=False) if wide else "",
+                   op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc,
+                   init=opt["init"][0 if floating else 1], value=text, store=target))
     e.vals[node] = out
 
 
