@@ -53,7 +53,7 @@ def _elementwise(e, node, low):
     if total is None:
         e.emit(e.store_loop(out, text, leaves))
     else:       # (c_fusion.sums_in_producer_loops: the sum's loop writes out too)
-        _sum_keeping_rows(e, total, lowering(total), text, leaves, store=out)
+        _reduce_keeping_rows(e, total, lowering(total), text, leaves, store=out)
     e.vals[node] = out
 
 
@@ -107,8 +107,22 @@ def _reduce(e, node, low):
     leaves = []
     text = e.operand(x, loop, leaves, None)
     if loop and (len(loop) - 1) not in dims and dims:
-        _sum_keeping_rows(e, node, low, text, leaves)
+        _reduce_keeping_rows(e, node, low, text, leaves)
         return
+    out, kept, out_strides, names, text, data = _reduction(e, node, low, loop, dims, text,
+                                                           leaves)
+    # Threads take shares of the outputs (never of one output's sum).
+    e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
+                   inner=[(names[d], c_expr(loop[d])) for d in dims],
+                   out_index=e.index(out.offset, out_strides, names),
+                   omp=pragma(work(loop, cost(text)), collapse=len(kept)) if kept else "",
+                   **data))
+    e.vals[node] = out
+
+
+def _reduction(e, node, low, loop, dims, text, leaves):
+    """A reduction's output, its layout over ``loop`` (``_reduced_layout``), its
+    value's C text with the leaves' indices, and the template's common data."""
     out = e.fresh(node)
     kept, out_strides, names = _reduced_layout(loop, dims)
     for j, (offset, strides, _) in enumerate(leaves):
@@ -116,17 +130,12 @@ def _reduce(e, node, low):
     floating = np.issubdtype(out.dtype, np.floating)
     opt = low.options
     acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
-    # Threads take shares of the outputs (never of one output's sum).
-    e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
-                   inner=[(names[d], c_expr(loop[d])) for d in dims],
-                   out_index=e.index(out.offset, out_strides, names),
-                   omp=pragma(work(loop, cost(text)), collapse=len(kept)) if kept else "",
-                   op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc,
-                   init=opt["init"][0 if floating else 1], value=text))
-    e.vals[node] = out
+    data = dict(op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc,
+                init=opt["init"][0 if floating else 1], value=text)
+    return out, kept, out_strides, names, text, data
 
 
-def _sum_keeping_rows(e, node, low, text, leaves, store=None):
+def _reduce_keeping_rows(e, node, low, text, leaves, store=None):
     """A reduction over leading dims that keeps the last, of the value ``text``
     (over its input's loop, with ``leaves``): the input is walked in memory
     order and each element added into its output's accumulator (a scratch
@@ -136,30 +145,24 @@ def _sum_keeping_rows(e, node, low, text, leaves, store=None):
     c_fusion.sums_in_producer_loops)."""
     loop = _shape(node.args[0]) if store is None else store.shape
     dims = tuple(node.kwargs["dims"]) if store is None else tuple(range(len(loop) - 1))
-    out = e.fresh(node)
-    kept, out_strides, names = _reduced_layout(loop, dims)
-    for j, (offset, strides, _) in enumerate(leaves):
-        text = text.replace(f"@{j}@", e.index(offset, strides, names))
-    floating = np.issubdtype(out.dtype, np.floating)
-    opt = low.options
-    acc = ("double" if floating else "int64_t") if opt["wide"] else out.ctype
-    if opt["op"] == "sum" and out.dtype == np.float32:
+    out, kept, out_strides, names, text, data = _reduction(e, node, low, loop, dims, text,
+                                                           leaves)
+    if data["op"] == "sum" and out.dtype == np.float32:
         # numpy sums a float32 array over leading dims a row at a time, in float32:
         # the same order here is its result bit for bit on a contiguous input (a
         # bias's gradient is eager's), with half the work per element of double's
-        acc = out.ctype
+        data["acc"] = out.ctype
     n_out = prod([loop[d] for d in kept])
     scratch = e.new_storage("arena", {"double": np.float64, "int64_t": np.int64}.get(
-        acc, out.dtype), (n_out,))
+        data["acc"], out.dtype), (n_out,))
     wide = not isinstance(loop[-1], int) or loop[-1] >= 32
     target = (f"{e.ptr(store)}[{e.index(store.offset, store.strides, names)}]"
               if store is not None else None)
-    e.emit(_render(opt["rows_template"], scratch=e.ptr(scratch), n_out=c_expr(n_out),
-                   loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
+    e.emit(_render(low.options["rows_template"], scratch=e.ptr(scratch),
+                   n_out=c_expr(n_out), loops=[(nm, c_expr(n)) for nm, n in zip(names, loop)],
                    acc_index=e.index(0, out_strides, names), out_index=c_expr(out.offset),
                    omp=pragma(work(loop, cost(text)), parallel_for=False) if wide else "",
-                   op=opt["op"], out=e.ptr(out), T=out.ctype, acc=acc,
-                   init=opt["init"][0 if floating else 1], value=text, store=target))
+                   store=target, **data))
     e.vals[node] = out
 
 
