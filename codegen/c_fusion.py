@@ -95,10 +95,15 @@ def fusable(graph):
     return fused
 
 
+def _is_reshape(node) -> bool:
+    low = lowering(node)
+    return low is not None and low.kind == "view" and low.options["layout"] == "reshaped"
+
+
 def sums_in_producer_loops(graph, emitted_elsewhere) -> dict:
     """{elementwise node: the sum computed inside its loop}: a sum over every
-    dim but the last (a bias's gradient, ``sum(g, dims=(0,))``, of g or of its
-    reshape to rows) of a value an elementwise loop writes is added up in that
+    dim but the last (a bias's gradient, ``sum(g, dims=(0,))``, of g or of
+    reshapes of it to rows) of a value an elementwise loop writes is added up in that
     loop, as each element is written, instead of in a pass of its own that
     reads the value back. The loop then takes the sum's form (threads share
     the last dim's columns, as the sum's own loop does), so the result is the
@@ -114,9 +119,8 @@ def sums_in_producer_loops(graph, emitted_elsewhere) -> dict:
         if low is None or low.kind != "reduction" or low.options["op"] != "sum":
             continue
         v = n = r.args[0]
-        vlow = lowering(v) if isinstance(v, Node) else None
-        if vlow is not None and vlow.kind == "view" and vlow.options["layout"] == "reshaped":
-            n = v.args[0]       # (the rows of n: a view, no copy, of its contiguous loop)
+        while isinstance(n, Node) and _is_reshape(n):
+            n = n.args[0]       # (the rows of n: views, no copy, of its contiguous loop)
         nlow = lowering(n) if isinstance(n, Node) else None
         if nlow is None or nlow.kind != "elementwise" or n in emitted_elsewhere or n in out:
             continue

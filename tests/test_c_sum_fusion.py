@@ -134,3 +134,28 @@ def test_the_plan_stops_at_a_barrier_and_at_other_sums():
     assert plan(False, dims=(1,))[0] == {}
     got, n, r = plan(False, second=True)
     assert got == {n: r}            # (the first; the second keeps its own pass)
+
+
+def test_through_two_reshapes(monkeypatch):
+    """A language model's head: logits (batch, seq, vocab) reshaped to rows for
+    the loss; the bias's gradient reads the loss's gradient reshaped back and
+    again to rows."""
+    rng = np.random.default_rng(3)
+    x = ca.tensor(rng.standard_normal((4, 6, 16)).astype(np.float32))
+    w = ca.tensor(rng.standard_normal((40, 16)).astype(np.float32), requires_grad=True)
+    b = ca.tensor(rng.standard_normal(40).astype(np.float32), requires_grad=True)
+    targets = ca.tensor(rng.integers(0, 40, 24))
+
+    def loss():
+        return F.cross_entropy(F.linear(x, w, b).reshape(24, 40), targets)
+    plan = c_emitter.Emitter(ca.trace_backward(loss()).graph).sums_in_loop
+    assert len(plan) == 1
+    ((producer, total),) = plan.items()
+    assert total.args[0].target == "reshape" and total.args[0].args[0].target == "reshape"
+    got = _grads(loss, [w, b])
+    _unfused(monkeypatch)
+    want = _grads(loss, [w, b])
+    for a, c in zip(got, want):
+        assert a.tobytes() == c.tobytes()
+    for a, c in zip(got, _grads(loss, [w, b], backend=None)):
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
