@@ -69,10 +69,13 @@ def test_same_bits_as_the_sums_own_pass(monkeypatch, width, fused):
     loss, params = _mlp(64, width)
     assert bool(c_emitter.Emitter(ca.trace_backward(loss()).graph).sums_in_loop) == fused
     got = _grads(loss, params)
+    hits = ca.compiled_autograd_stats()["cache_hits"]
+    again = _grads(loss, params)                   # a cache hit: the same code again
+    assert ca.compiled_autograd_stats()["cache_hits"] == hits + 1
     _unfused(monkeypatch)
     want = _grads(loss, params)
-    for a, b in zip(got, want):
-        assert a.tobytes() == b.tobytes()
+    for a, b, c in zip(got, want, again):
+        assert a.tobytes() == b.tobytes() == c.tobytes()
     for a, b in zip(got, _grads(loss, params, backend=None)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
