@@ -478,6 +478,16 @@ def _gather_like(e, node, low):
     e.vals[node] = out
 
 
+def _wrap_index(e, node, low):
+    idx = e.contiguous(e.vals[node.args[0]])
+    out = e.fresh(node)
+    n = node.kwargs["size"]
+    code = _error(e, f"index out of bounds in {node.target} (size {n})")
+    e.emit(_render(low.template, count=c_expr(prod(out.shape)), n=c_expr(n), code=code,
+                   src=f"{e.ptr(idx)} + {c_expr(idx.offset)}", out=e.ptr(out)))
+    e.vals[node] = out
+
+
 def _index_like(e, node, low):
     """y = x[indices]; accumulating: x = zeros, x[indices] += y."""
     accumulate = low.options["accumulate"]
@@ -527,7 +537,7 @@ EMITTERS = {
     "elementwise": _elementwise, "view": _view, "reduction": _reduce, "argreduce": _argmax,
     "gemm": _matmul, "gemm_bias": _linear, "row_softmax": _softmax, "row_normalize": _layer_norm,
     "concat": _cat, "slice_scatter": _slice_backward, "strided_scatter": _as_strided_scatter,
-    "gather_scatter": _gather_like, "advanced_index": _index_like,
+    "gather_scatter": _gather_like, "advanced_index": _index_like, "index_check": _wrap_index,
 }
 
 __all__ = ["EMITTERS", "LAYOUTS", "emit", "tiled_sum"]

@@ -50,7 +50,7 @@ def _method(name):
 _FUNCTIONS = ("sum", "mean", "var", "std", "amax", "amin", "max", "min", "argmax", "softmax",
               "log_softmax", "matmul", "reshape", "transpose", "permute", "flatten",
               "squeeze", "unsqueeze", "clamp", "split", "chunk", "unbind", "narrow", "select",
-              "clone", "t", "masked_fill") + tuple(_tensor_methods.TABLE_METHODS)
+              "clone", "t", "masked_fill", "gather") + tuple(_tensor_methods.TABLE_METHODS)
 for _name in _FUNCTIONS:
     globals()[_name] = _method(_name)
 del _name

@@ -174,7 +174,39 @@ def gather(x, idx, dim):
 @gather.defvjp
 def _(ctx, g):
     (idx,) = ctx.saved
-    return ops.scatter_add(g, idx, dim=ctx.params["dim"], shape=ctx.shapes[0]), None
+    dim, shape, idx_shape = ctx.params["dim"], ctx.shapes[0], ctx.shapes[1]
+    if _one_per_line(shape, idx_shape, dim):
+        # One index per line along dim (a class target, an argmax): g where the
+        # position is the index, else 0. The same values as scatter_add's zeros
+        # with g added, without writing the zeros first: a select, which the C
+        # backend computes inside its users' loops (a log-softmax's backward).
+        n = shape[dim]
+        positions = np.arange(n, dtype=np.int32).reshape((n,) + (1,) * (len(shape) - 1 - dim))
+        return ops.where(ops.eq(positions, ops.wrap_index(idx, size=n)), g, 0.0), None
+    return ops.scatter_add(g, idx, dim=dim, shape=shape), None
+
+
+def _one_per_line(shape, idx_shape, dim) -> bool:
+    """gather's index holds one entry along ``dim`` and spans every other dim of
+    the input, all static sizes: each line of the gradient gets one value."""
+    sizes = (*shape, *idx_shape)
+    return (all(type(d) is int for d in sizes) and len(shape) == len(idx_shape)
+            and idx_shape[dim] == 1 and 0 < shape[dim] < 2 ** 31
+            and all(a == b for d, (a, b) in enumerate(zip(shape, idx_shape)) if d != dim))
+
+
+@prim("wrap_index", meta=lambda idx, size: (tuple(idx.shape), np.dtype(np.int32)),
+      differentiable=False, c=Template("wrap_index.c.j2", kind="index_check"))
+def wrap_index(idx, size):
+    """``idx`` with each entry in [-size, size) made non-negative (take_along_axis's
+    rule), as int32 (size < 2**31); an entry out of that range raises IndexError,
+    as scatter_add's would."""
+    idx = np.asarray(idx)
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for dimension "
+                         f"with size {size}")
+    return as_array(np.where(idx < 0, idx + size, idx).astype(np.int32))
 
 
 @prim("scatter_add", save=(1,),

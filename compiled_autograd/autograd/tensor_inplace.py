@@ -1,4 +1,5 @@
-"""Indexing (``x[key]``, ``x[key] = v``) and in-place ops (``add_``, ``mul_``, ...).
+"""Indexing (``x[key]``, ``x[key] = v``, ``x.gather``) and in-place ops (``add_``,
+``mul_``, ...).
 
 Indexing follows torch: ints, slices, None and Ellipsis are views (select, slice,
 unsqueeze), applied first; then integer/boolean index arrays gather through the
@@ -13,7 +14,7 @@ import numpy as np
 from compiled_autograd.autograd.dispatch import apply_inplace
 from compiled_autograd.autograd.tensor_base import TensorBase
 from compiled_autograd.autograd.tensor_methods import _alias, _as_tensor, _promote, _scalar, _select
-from compiled_autograd.runtime.prims import PRIMS, ops
+from compiled_autograd.runtime.prims import PRIMS, norm_dim, ops
 
 
 def _is_index_array(k):
@@ -264,12 +265,39 @@ def _clamp_(self, min=None, max=None):
     return apply_inplace(PRIMS["clamp"], (self,), dict(min=_scalar(min), max=_scalar(max)))
 
 
+def _gather(self, dim, index):
+    """torch.gather: ``out[i][j] = self[i][index[i][j]]`` along ``dim``. ``index``:
+    int32 or int64, as many dims as self and no larger in the others, entries in [0, size)."""
+    d = norm_dim(dim, max(self.ndim, 1))
+    idx = index._data if isinstance(index, TensorBase) else np.asarray(index)
+    if idx.dtype not in (np.int32, np.int64):
+        raise RuntimeError("gather(): Expected dtype int32/int64 for index")
+    if idx.ndim != self.ndim:
+        raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
+    for k in range(self.ndim):
+        if k != d and idx.shape[k] > self.shape[k]:
+            raise RuntimeError(f"Size does not match at dimension {k} expected index "
+                               f"{list(idx.shape)} to be no larger than self "
+                               f"{list(self.shape)} apart from dimension {d}")
+    n = self.shape[d] if self.ndim else 1
+    bad = idx[(idx < 0) | (idx >= n)]
+    if bad.size:
+        raise RuntimeError(f"index {int(bad[0])} is out of bounds for dimension {d} "
+                           f"with size {n}")
+    x = self
+    for k in range(self.ndim):
+        if k != d and idx.shape[k] < self.shape[k]:
+            x = x.narrow(k, 0, idx.shape[k])
+    return ops.gather(x, self._make(np.ascontiguousarray(idx)), dim=d)
+
+
 class InplaceMethods:
     """Indexing and in-place ops of a Tensor (a base of Tensor)."""
 
     __slots__ = ()
 
     __getitem__ = _getitem
+    gather = _gather
     __setitem__ = _setitem
     add_ = __iadd__ = _add_
     sub_ = __isub__ = _sub_
