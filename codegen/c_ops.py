@@ -100,6 +100,10 @@ def _reduced_layout(loop, dims):
         out_strides[d] = s
     return kept, out_strides, [f"i{d}" for d in range(len(loop))]
 
+# The longest sum over inner dims added in float32 (rather than double) lanes
+FLOAT_SUM_MAX = 256
+
+
 def _reduce(e, node, low):
     x = node.args[0]
     loop = _shape(x)
@@ -111,6 +115,14 @@ def _reduce(e, node, low):
         return
     out, kept, out_strides, names, text, data = _reduction(e, node, low, loop, dims, text,
                                                            leaves)
+    count = prod([loop[d] for d in dims])
+    if data["op"] == "sum" and out.dtype == np.float32 and isinstance(count, int) \
+            and count <= FLOAT_SUM_MAX:
+        # A row of at most FLOAT_SUM_MAX floats is added in float32 vector lanes
+        # (16 adds a lane at most, about numpy's pairwise sum's blocks): in
+        # double, each vector of 16 is two conversions and two dependent adds,
+        # twice the time (a layer norm's rows of 128: 9.3 against 3.8 us for 512).
+        data["acc"] = out.ctype
     # Threads take shares of the outputs (never of one output's sum).
     e.emit(_render(low.template, outer=[(names[d], c_expr(loop[d])) for d in kept],
                    inner=[(names[d], c_expr(loop[d])) for d in dims],
