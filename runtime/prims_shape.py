@@ -182,7 +182,9 @@ def _(ctx, g):
         # backend computes inside its users' loops (a log-softmax's backward).
         n = shape[dim]
         positions = np.arange(n, dtype=np.int32).reshape((n,) + (1,) * (len(shape) - 1 - dim))
-        return ops.where(ops.eq(positions, ops.wrap_index(idx, size=n)), g, 0.0), None
+        # (g + 0.0: a -0.0 gradient comes out +0.0, as scatter_add's 0.0 + g gives)
+        hit = ops.eq(positions, ops.wrap_index(idx, size=n))
+        return ops.where(hit, ops.add(g, 0.0), 0.0), None
     return ops.scatter_add(g, idx, dim=dim, shape=shape), None
 
 
@@ -191,7 +193,7 @@ def _one_per_line(shape, idx_shape, dim) -> bool:
     the input, all static sizes: each line of the gradient gets one value."""
     sizes = (*shape, *idx_shape)
     return (all(type(d) is int for d in sizes) and len(shape) == len(idx_shape)
-            and idx_shape[dim] == 1 and 0 < shape[dim] < 2 ** 31
+            and 0 <= dim < len(shape) and idx_shape[dim] == 1 and 0 < shape[dim] < 2 ** 31
             and all(a == b for d, (a, b) in enumerate(zip(shape, idx_shape)) if d != dim))
 
 

@@ -56,8 +56,9 @@ def test_gather_gradient_is_the_index_counted(shape, dim, idx_shape):
 
 @pytest.mark.parametrize("shape,dim,idx_shape", CASES)
 @pytest.mark.parametrize("backend", ["python", pytest.param("c", marks=needs_cc)])
-def test_compiled_gather_gradient_is_eagers(shape, dim, idx_shape, backend):
-    idx = _index(shape, dim, idx_shape, seed=1)
+@pytest.mark.parametrize("int_type", [np.int64, np.int32])
+def test_compiled_gather_gradient_is_eagers(shape, dim, idx_shape, backend, int_type):
+    idx = _index(shape, dim, idx_shape, seed=1).astype(int_type)
     np.testing.assert_array_equal(_grad(shape, dim, idx, backend),
                                   _grad(shape, dim, idx, None))
 
@@ -149,3 +150,58 @@ def test_gather_errors_are_torchs(idx):
     with pytest.raises(RuntimeError) as ours:
         ca.tensor(x, dtype=np.float64).gather(1, ca.from_numpy(idx))
     assert str(ours.value) == str(theirs.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("c", marks=needs_cc)])
+def test_a_cache_hit_gives_the_same_gradient(backend):
+    """cross-entropy's backward twice on one structure: the second is a cache hit
+    (the positions are a constant of the graph) and gives the first's bits."""
+    rng = np.random.default_rng(8)
+    logits = ca.tensor(rng.standard_normal((16, 9)).astype(np.float32), requires_grad=True)
+    target = ca.from_numpy(rng.integers(0, 9, 16))
+    grads = []
+    for _ in range(2):
+        logits.grad = None
+        hits = ca.compiled_autograd_stats()["cache_hits"]
+        with ca.compiled_backward(backend=backend):
+            F.cross_entropy(logits * 2.0, target).backward()
+        grads.append(logits.grad.numpy().tobytes())
+    assert ca.compiled_autograd_stats()["cache_hits"] == hits + 1
+    assert grads[0] == grads[1]
+    logits.grad = None
+    F.cross_entropy(logits * 2.0, target).backward()
+    np.testing.assert_allclose(np.frombuffer(grads[1], np.float32).reshape(16, 9),
+                               logits.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", [None, "python", pytest.param("c", marks=needs_cc)])
+def test_a_negative_zero_gradient_comes_out_positive_as_torchs(backend):
+    """scatter_add added g to zeros (-0.0 + 0.0 = +0.0); the select keeps that."""
+    x = ca.tensor(np.array([[-0.0, 1.0], [2.0, 3.0]]), dtype=np.float64, requires_grad=True)
+    idx = ca.from_numpy(np.array([[0], [1]]))
+
+    def run():
+        x.gather(1, idx).mul(-0.0).sum().backward()
+    if backend is None:
+        run()
+    else:
+        with ca.compiled_backward(backend=backend):
+            run()
+    assert not np.signbit(x.grad.numpy()).any()
+
+
+@needs_torch
+@pytest.mark.parametrize("x_shape,idx", [((), 0), ((2,), 1), ((), [0]), ((), [0, 0])])
+def test_zero_dim_gather_is_torchs(x_shape, idx):
+    """A 0-d input or index counts as 1-d, as in torch."""
+    x = np.arange(1.0, 3.0)[:int(np.prod(x_shape))].reshape(x_shape) + 1
+    i = np.array(idx)
+    ours = ca.tensor(x, dtype=np.float64, requires_grad=True)
+    theirs = torch.tensor(x, requires_grad=True)
+    a = ours.gather(0, ca.from_numpy(i))
+    b = theirs.gather(0, torch.from_numpy(i))
+    assert a.shape == tuple(b.shape)
+    np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    a.sum().backward()
+    b.sum().backward()
+    np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())

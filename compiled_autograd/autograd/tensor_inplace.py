@@ -267,28 +267,31 @@ def _clamp_(self, min=None, max=None):
 
 def _gather(self, dim, index):
     """torch.gather: ``out[i][j] = self[i][index[i][j]]`` along ``dim``. ``index``:
-    int32 or int64, as many dims as self and no larger in the others, entries in [0, size)."""
+    int32 or int64, as many dims as self (a 0-d one counts as 1-d, as in torch)
+    and no larger in the others, entries in [0, size)."""
     d = norm_dim(dim, max(self.ndim, 1))
     idx = index._data if isinstance(index, TensorBase) else np.asarray(index)
     if idx.dtype not in (np.int32, np.int64):
         raise RuntimeError("gather(): Expected dtype int32/int64 for index")
-    if idx.ndim != self.ndim:
+    if max(idx.ndim, 1) != max(self.ndim, 1):
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
-    for k in range(self.ndim):
-        if k != d and idx.shape[k] > self.shape[k]:
+    x = self.reshape(1) if self.ndim == 0 else self
+    lines = idx.reshape(1) if idx.ndim == 0 else idx
+    for k in range(x.ndim):
+        if k != d and lines.shape[k] > x.shape[k]:
             raise RuntimeError(f"Size does not match at dimension {k} expected index "
                                f"{list(idx.shape)} to be no larger than self "
                                f"{list(self.shape)} apart from dimension {d}")
-    n = self.shape[d] if self.ndim else 1
-    bad = idx[(idx < 0) | (idx >= n)]
+    n = x.shape[d]
+    bad = lines[(lines < 0) | (lines >= n)]
     if bad.size:
         raise RuntimeError(f"index {int(bad[0])} is out of bounds for dimension {d} "
                            f"with size {n}")
-    x = self
-    for k in range(self.ndim):
-        if k != d and idx.shape[k] < self.shape[k]:
-            x = x.narrow(k, 0, idx.shape[k])
-    return ops.gather(x, self._make(np.ascontiguousarray(idx)), dim=d)
+    for k in range(x.ndim):
+        if k != d and lines.shape[k] < x.shape[k]:
+            x = x.narrow(k, 0, lines.shape[k])
+    out = ops.gather(x, self._make(np.ascontiguousarray(lines)), dim=d)
+    return out.reshape(()) if idx.ndim == 0 else out
 
 
 class InplaceMethods:
