@@ -76,3 +76,25 @@ def test_two_threads_give_the_bits_of_one():
         with cthreads.threads(loops=loops, blas=2):
             bits.append(_c_grad(x, loss).tobytes())
     assert bits[0] == bits[1] == bits[2]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_nan_and_inf_in_a_row_are_eagers():
+    """A row whose sum meets inf, -inf and NaN: the float lanes give what eager's
+    sums give there (NaN, inf), and the other rows are untouched."""
+    x, _ = _layer_norm(128)
+    c = np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)
+    c[3, 5], c[7, 0], c[7, 9], c[11, 100] = np.inf, np.inf, -np.inf, np.nan
+    ct = ca.tensor(c)
+
+    def loss():
+        return (F.layer_norm(x, (128,)) * ct).sum()
+    got = _c_grad(x, loss)
+    x.grad = None
+    loss().backward()
+    want = x.grad.numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fine = np.isfinite(want)
+    assert not fine[[3, 7, 11]].any() and fine.sum() == 61 * 128
+    np.testing.assert_allclose(got[fine], want[fine], rtol=1e-4, atol=1e-5)
