@@ -54,6 +54,16 @@ class Extension:
         self._module = None
         self._status = None                 # "native: <path>" or "python: <why>"
         self._enabled = os.environ.get(env_var, "1") != "0"   # read once: calls are hot
+        self._listeners = []                # called when the module may have changed
+
+    def on_change(self, fn) -> None:
+        """Call ``fn()`` whenever what ``module()`` returns may change (``disabled``,
+        ``reset``): for callers that keep the module's functions."""
+        self._listeners.append(fn)
+
+    def _changed(self) -> None:
+        for fn in self._listeners:
+            fn()
 
     def source(self) -> str:
         """The one translation unit: each file behind a ``#line`` directive, and
@@ -83,10 +93,12 @@ class Extension:
         """The Python code, for the duration (as ``<env_var>=0`` does for a whole
         process): for comparing the two."""
         old, self._enabled = self._enabled, False
+        self._changed()
         try:
             yield
         finally:
             self._enabled = old
+            self._changed()
 
     def status(self) -> str:
         """``native: <library>`` or ``python: <reason>``."""
@@ -99,6 +111,7 @@ class Extension:
         """Forget the loaded module (tests: build it again, or under other settings)."""
         with self._lock:
             self._module = self._status = None
+        self._changed()
 
     def _load(self) -> None:
         try:

@@ -56,11 +56,23 @@ def native(name: str):
     return None if module is None else getattr(module, name)
 
 
+def _unavailable(*args):
+    return NotImplemented
+
+
+# name -> kernels.c's function, or _unavailable: looked up once, not at every call
+# (a prim's kernel runs on every forward op); forgotten when KERNELS changes.
+_functions: dict = {}
+KERNELS.on_change(_functions.clear)
+
+
 def call_native(name: str, *args):
     """``kernels.c``'s ``name`` on ``args``: its result, or NotImplemented where it
     does not apply or is not built (the caller then runs its numpy kernel)."""
-    fast = native(name)
-    return NotImplemented if fast is None else fast(*args)
+    fn = _functions.get(name)
+    if fn is None:
+        fn = _functions[name] = native(name) or _unavailable
+    return fn(*args)
 
 
 def scaled_add(out, a, alpha, b):

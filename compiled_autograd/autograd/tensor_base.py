@@ -12,6 +12,8 @@ new tensor with ``x._make(array)`` on a tensor they were given (every tensor has
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 DEFAULT_FLOAT = np.dtype(np.float32)
@@ -144,17 +146,11 @@ class TensorBase:
     def retains_grad(self) -> bool:
         return self._retains_grad
 
-    @property
-    def shape(self):
-        return self._data.shape
-
-    @property
-    def dtype(self):
-        return self._data.dtype
-
-    @property
-    def ndim(self):
-        return self._data.ndim
+    # (C getters, not Python functions: the forward reads these hundreds of times
+    # a step, and a Python frame per read costs more than the read)
+    shape = property(operator.attrgetter("_data.shape"), doc="The array's shape.")
+    dtype = property(operator.attrgetter("_data.dtype"), doc="The array's dtype.")
+    ndim = property(operator.attrgetter("_data.ndim"), doc="The array's number of dims.")
 
     def dim(self):
         return self._data.ndim

@@ -280,7 +280,7 @@ def _min(self, dim=None, keepdim=False):
 def _shape_args(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))
 
 
 def _infer_shape(self, shape):
