@@ -78,7 +78,7 @@ def runner(lib, cold):
         for p in P.values():
             p.grad = None
         return seconds
-    return step, models.count_nodes(loss_fn(P))
+    return step, models.count_nodes(loss_fn(P))    # (torch's count has its views' nodes)
 
 
 def main():
@@ -89,7 +89,7 @@ def main():
           + " ".join(f"{x:.2f}" for x in os.getloadavg())
           + f"; the transformer at {TINY}; medians of {args.reps} steps")
     print(f"{'caches':<8}{'library':<10}{'nodes':>6}{'forward':>10}{'backward':>10}"
-          f"{'step':>10}{'fwd us/op':>11}")
+          f"{'step':>10}")
     runners = {(cold, lib): alone.Alone("step_overhead:runner", lib, cold)
                for cold in (False, True) for lib in ("torch", "ca c")}
     try:
@@ -105,7 +105,7 @@ def main():
         nodes = runners[(cold, lib)].info
         rows[(cold, lib)] = step
         print(f"{'cold' if cold else 'warm':<8}{lib:<10}{nodes:>6}{fwd * 1e6:>8.0f}us"
-              f"{bwd * 1e6:>8.0f}us{step * 1e6:>8.0f}us{fwd * 1e6 / nodes:>11.2f}")
+              f"{bwd * 1e6:>8.0f}us{step * 1e6:>8.0f}us")
     for lib in ("torch", "ca c"):
         print(f"{lib}: cold step - warm step = "
               f"{(rows[(True, lib)] - rows[(False, lib)]) * 1e6:.0f} us")
