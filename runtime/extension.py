@@ -93,8 +93,8 @@ class Extension:
         """The Python code, for the duration (as ``<env_var>=0`` does for a whole
         process): for comparing the two."""
         old, self._enabled = self._enabled, False
-        self._changed()
         try:
+            self._changed()
             yield
         finally:
             self._enabled = old

@@ -61,17 +61,27 @@ def _unavailable(*args):
 
 
 # name -> kernels.c's function, or _unavailable: looked up once, not at every call
-# (a prim's kernel runs on every forward op); forgotten when KERNELS changes.
+# (a prim's kernel runs on every forward op). When KERNELS changes (disabled,
+# reset) the dict is replaced, not emptied: a lookup that raced the change
+# stores into the old dict, which nobody reads any more.
 _functions: dict = {}
-KERNELS.on_change(_functions.clear)
+
+
+def _forget_functions() -> None:
+    global _functions
+    _functions = {}
+
+
+KERNELS.on_change(_forget_functions)
 
 
 def call_native(name: str, *args):
     """``kernels.c``'s ``name`` on ``args``: its result, or NotImplemented where it
     does not apply or is not built (the caller then runs its numpy kernel)."""
-    fn = _functions.get(name)
+    functions = _functions
+    fn = functions.get(name)
     if fn is None:
-        fn = _functions[name] = native(name) or _unavailable
+        fn = functions[name] = native(name) or _unavailable
     return fn(*args)
 
 

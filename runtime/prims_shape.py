@@ -16,7 +16,8 @@ from compiled_autograd.runtime.prims import as_array, broadcast_shapes, ops, pri
 
 @prim("reshape", view=True, c=View("reshaped"), meta=lambda x, shape: (tuple(shape), x.dtype))
 def reshape(x, shape):
-    """A view when the layout allows one, else a copy (numpy decides)."""
+    """A view when the layout allows one, else a copy (numpy decides). ``x``: an
+    ndarray or a numpy scalar, as every kernel's array argument."""
     return x.reshape(shape)
 
 

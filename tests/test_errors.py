@@ -127,3 +127,30 @@ def test_shape_errors():
         ca.randn(3).add_(ca.randn(2, 3))
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         ca.randn(3, 1).expand(3, 4).mul_(2.0)
+
+
+@pytest.mark.parametrize("dims, error, message", [
+    ((0, 0), RuntimeError, "permute(): duplicate dims are not allowed."),
+    ((1, -1), RuntimeError, "permute(): duplicate dims are not allowed."),
+    ((0,), RuntimeError, "permute(sparse_coo): number of dimensions in the tensor input does "
+                         "not match the length of the desired ordering of dimensions i.e. "
+                         "input.dim() = 2 is not equal to len(dims) = 1"),
+    ((0, 1, 2), RuntimeError, "permute(sparse_coo): number of dimensions in the tensor input "
+                              "does not match the length of the desired ordering of dimensions "
+                              "i.e. input.dim() = 2 is not equal to len(dims) = 3"),
+    ((0, 5), IndexError, "Dimension out of range (expected to be in range of [-2, 1], but "
+                         "got 5)"),
+])
+def test_permute_errors_are_torchs_in_torchs_order(dims, error, message):
+    """The number of dims is checked first, then each one's range, then repeats
+    (torch 2.13's messages, compared with torch's own where it is installed)."""
+    x = ca.randn(2, 3, requires_grad=True)
+    with pytest.raises(error) as got:
+        x.permute(*dims)
+    assert str(got.value) == message
+    assert x.grad_fn is None and x._version == 0
+    torch = pytest.importorskip("torch")
+    with pytest.raises(error) as expected:
+        torch.zeros(2, 3).permute(*dims)
+    assert str(expected.value) == message
+

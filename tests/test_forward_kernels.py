@@ -206,6 +206,30 @@ def test_ca_c_forward_0_turns_the_kernels_off(tmp_path):
     assert not list(tmp_path.glob("_kernels_*"))           # never built
 
 
+def test_the_kernels_looked_up_once_follow_disabled_and_reset(native):
+    """call_native keeps each kernels.c function after its first call; turning the
+    extension off (``disabled``) or forgetting it (``reset``) makes it look again,
+    and a lookup that raced the change cannot leave the old answer behind."""
+    x = np.linspace(-5, 5, 1001).astype(np.float32)
+    expected_c = native.gelu(x, False)
+    assert np.array_equal(kernels.call_native("gelu", x, False), expected_c)
+    assert kernels._functions["gelu"] is native.gelu
+    with kernels.KERNELS.disabled():
+        assert kernels.call_native("gelu", x, False) is NotImplemented
+        assert np.array_equal(PRIMS["gelu"].kernel(x), gelu_numpy(x))
+        stale = kernels._functions          # a lookup that began while disabled ...
+    stale["gelu"] = kernels._unavailable   # ... and stored after the change
+    assert kernels.call_native("gelu", x, False) is not NotImplemented
+    assert kernels._functions["gelu"] is native.gelu
+    kernels.KERNELS.reset()
+    try:
+        assert "gelu" not in kernels._functions
+        assert np.array_equal(kernels.call_native("gelu", x, False), expected_c)
+        assert kernels._functions["gelu"] is kernels.KERNELS.module().gelu
+    finally:
+        kernels.KERNELS.reset()   # (the next test's fixture module: built again)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gradients_through_the_c_kernels_match_torch(native, backend):
     torch = pytest.importorskip("torch")

@@ -322,11 +322,15 @@ def _view(self, *shape):
 
 
 def _permute(self, *dims):
-    dims = tuple(norm_dim(d, self.ndim) for d in _shape_args(dims))
-    if sorted(dims) != list(range(self.ndim)):
+    # (torch's checks, in its order: the number of dims, each in range, no repeats)
+    dims = _shape_args(dims)
+    if len(dims) != self.ndim:
         raise RuntimeError("permute(sparse_coo): number of dimensions in the tensor input does "
                            "not match the length of the desired ordering of dimensions i.e. "
                            f"input.dim() = {self.ndim} is not equal to len(dims) = {len(dims)}")
+    dims = tuple(norm_dim(d, self.ndim) for d in dims)
+    if len(set(dims)) != len(dims):
+        raise RuntimeError("permute(): duplicate dims are not allowed.")
     return ops.permute(self, perm=dims)
 
 
