@@ -10,8 +10,9 @@ SIZES = {"small_mlp": dict(layers=8, width=64, batch=32),
          "custom_fn_inlined": dict(layers=8, width=64, batch=32)}
 
 
-def arrays(case):
-    """The case's parameter arrays (float32) and inputs, from one seed."""
+def arrays(case, **sizes):
+    """The case's parameter arrays (float32) and inputs, from one seed; ``sizes``:
+    the transformer's other than the benchmark's (make_transformer's arguments)."""
     import numpy as np
     rng = np.random.default_rng(0)
     if case == "chain":
@@ -30,7 +31,7 @@ def arrays(case):
                   "t": rng.standard_normal((s["batch"], w)).astype(np.float32)}
         return params, inputs
     from compiled_autograd.examples import build
-    ex = build("transformer")
+    ex = build("transformer", **sizes)
     params = {n: p.detach().numpy().copy() for n, p in ex.model.named_parameters()}
     inputs = {"tokens": ex.inputs["tokens"].numpy(), "targets": ex.inputs["targets"].numpy(),
               "sizes": ex.sizes}

@@ -35,20 +35,10 @@ TINY = dict(layers=4, d_model=8, heads=4, seq=4, batch=1, vocab=10)
 FLUSH_BYTES = 32 << 20
 
 
-def tiny_arrays():
-    """The transformer's parameters and inputs at ``TINY`` sizes (models.arrays')."""
-    from compiled_autograd.examples.transformer import make_transformer
-    ex = make_transformer(**TINY)
-    params = {n: p.detach().numpy().copy() for n, p in ex.model.named_parameters()}
-    inputs = {"tokens": ex.inputs["tokens"].numpy(), "targets": ex.inputs["targets"].numpy(),
-              "sizes": ex.sizes}
-    return params, inputs
-
-
 def runner(lib, cold):
     """(step, info): one step gives [forward seconds, backward seconds]."""
     import numpy as np
-    params, inputs = tiny_arrays()
+    params, inputs = models.arrays("transformer", **TINY)
     if lib == "torch":
         import torch
         torch.set_num_threads(1)
