@@ -19,7 +19,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from alone import Alone, rounds  # noqa: E402
+from alone import PACE, Alone, pace_line, pace_summary, rounds  # noqa: E402
 
 ONE_THREAD = dict(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                   CA_BENCH_THREADS="1")
@@ -48,12 +48,14 @@ def main():
         got = rounds(runners, args.reps)
         for r in runners.values():
             r.close()
-        med = {m: (statistics.median(f for (f, _), _ in v), statistics.median(b for (_, b), _ in v),
-                   statistics.median(f + b for (f, b), _ in v)) for m, v in got.items()}
+        med = {m: (statistics.median(f for (f, _), _ in got[m]),
+                   statistics.median(b for (_, b), _ in got[m]),
+                   statistics.median(f + b for (f, b), _ in got[m])) for m in runners}
         for m, (f, b, s) in med.items():
             base = f"{s / med['baseline c'][2]:.3f}" if m != "torch" else "-"
             print(f"{case:<18}{m:<12}{f * 1e3:>8.2f}ms{b * 1e3:>8.2f}ms{s * 1e3:>8.2f}ms"
                   f"{s / med['torch'][2]:>8.3f}{base:>10}")
+        print(f"{case:<18}{pace_line(pace_summary(got[PACE], args.reps))}")
 
 
 if __name__ == "__main__":

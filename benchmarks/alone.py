@@ -10,7 +10,8 @@ folder), called with JSON-able arguments in the child; it returns ``(step, info)
 sent back once. ``Alone(factory, *args)`` starts the child and, called with ``n``,
 has it run ``n`` steps in a row: ``[(what step gave, the minor page faults of that
 step)] * n``. ``Here`` is the same runner in this process. ``rounds`` makes them
-take turns.
+take turns, with one more runner among them: the machine's pace (``PACE``), a fixed
+workload whose times say whether the run was quiet (``pace_line``).
 
     python benchmarks/alone.py --serve SPEC      (the child; not run by hand)
 """
@@ -20,8 +21,10 @@ import importlib
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,19 +96,79 @@ def block(step, n):
     return out
 
 
+def turn_size(reps):
+    """How many kept steps each runner runs per turn in ``rounds``."""
+    return 10 if reps >= 50 else 4
+
+
 def rounds(runners, reps):
     """{name: [(what its runner gives, faults)] * about ``reps``}: the runners take
-    turns, each running a block of steps in a row, as in a training loop (10, or 4
-    when ``reps`` < 50; the first step of each block, after the others' turns, is
-    not kept), after 5 warm-up steps each."""
-    size = 10 if reps >= 50 else 4
-    for r in runners.values():
-        r(5)
-    got = {m: [] for m in runners}
-    for _ in range(-(-reps // size)):
-        for m, r in runners.items():
-            got[m] += r(size + 1)[1:]
+    turns, each running a block of steps in a row, as in a training loop
+    (``turn_size``; the first step of each block, after the others' turns, is not
+    kept), after 5 warm-up steps each. The machine's pace takes its turn too, in a
+    process of its own: its times are under ``PACE``."""
+    size = turn_size(reps)
+    pace = Alone(PACE_RUNNER)
+    try:
+        runners = {**runners, PACE: pace}
+        for r in runners.values():
+            r(5)
+        got = {m: [] for m in runners}
+        for _ in range(-(-reps // size)):
+            for m, r in runners.items():
+                got[m] += r(size + 1)[1:]
+    finally:
+        pace.close()
     return got
+
+
+# ---------------------------------------------------------------- the machine's pace
+
+PACE = "machine pace"
+PACE_RUNNER = "alone:pace_runner"
+
+
+def pace_runner():
+    """A fixed workload, the same in every run: four 128 x 128 float64 GEMMs, a 4 MB
+    copy and 2,000 turns of a Python loop (BLAS, memory and the interpreter, what a
+    step is made of), taking its turn beside the runners. On a quiet machine its
+    times barely move over a run; a spell in which a neighbour takes the cores or
+    the memory shows as turns of it that are slow."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a, b = rng.random((128, 128)), rng.random((128, 128))
+    source = rng.random(1 << 19)
+    target = np.empty_like(source)
+
+    def step():
+        start = time.perf_counter()
+        for _ in range(4):
+            np.matmul(a, b)
+        np.copyto(target, source)
+        total = 0
+        for i in range(2000):
+            total += i
+        return time.perf_counter() - start
+    return step, None
+
+
+def pace_summary(got, reps):
+    """What ``rounds`` measured of the machine's pace (``got``: its ``PACE`` list):
+    {"median": seconds, "slowest tenth": the 90th percentile / the median,
+    "slowest turn": the slowest turn's median / the median}."""
+    times = sorted(t for t, _ in got)
+    median = statistics.median(times)
+    size = turn_size(reps)
+    turns = [statistics.median(t for t, _ in got[i:i + size]) for i in range(0, len(got), size)]
+    return {"median": median, "slowest tenth": times[int(0.9 * (len(times) - 1))] / median,
+            "slowest turn": max(turns) / median}
+
+
+def pace_line(summary):
+    """One line for a report: the machine's pace during a measurement."""
+    return (f"machine pace (alone.pace_runner, between turns): median "
+            f"{summary['median'] * 1e6:.0f}us, slowest tenth {summary['slowest tenth']:.2f}x, "
+            f"slowest turn {summary['slowest turn']:.2f}x")
 
 
 def torch_threads(torch):

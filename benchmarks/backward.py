@@ -49,7 +49,7 @@ FLOOR_CASES = ("large_mlp", "transformer")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402  (the cases, written once)
-from alone import Alone, rounds, torch_threads  # noqa: E402
+from alone import PACE, Alone, pace_line, pace_summary, rounds, torch_threads  # noqa: E402
 
 
 def _functional(lib, case):
@@ -147,6 +147,7 @@ def measure(reps):
         for r in runners.values():
             r.close()
         row = {m: statistics.median(t for t, _ in got[m]) for m in modes}
+        row[PACE] = pace_summary(got[PACE], n)
         make_loss, params = _ca_setup(case)
         ca.reset_compiled_autograd()
         loss = make_loss()
@@ -302,6 +303,8 @@ def main():
                   f"{_fmt(row['first (capture+codegen+run)']):>16}"
                   f"{_fmt(row['cache hit alone']):>17}"
                   f"{row['cache hit alone'] / row['eager']:>11.3f}")
+        for case, row in res.items():
+            print(f"{case:<18}{pace_line(row[PACE])}")
     print("\nGEMM floor: the C backward's BLAS calls alone (same library, symbols, threads),"
           " measured in turns with the \"c\" backward (3 rounds; c/floor: the median ratio)")
     print(f"{'threads':<9}{'case':<13}{'calls':>6}{'floor':>11}{'graph:c':>11}{'c/floor':>9}"

@@ -32,6 +32,10 @@ Each mode's minor page faults per step are reported too, with one more process
 beside them: "c no pool", the "c" mode with compiled autograd's caching allocator
 off (``CA_POOL=0``, runtime/pool.c): what the pool saves, in faults and time.
 
+Beside the modes, a fixed workload takes its turn too (``alone.pace_runner``): its
+median and its slowest tenth and turn, against its median, say whether the
+machine was quiet while a case was measured.
+
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
 and fresh parameters. For the large MLP the step is set beside its floor: the
@@ -66,7 +70,7 @@ NO_POOL = "c no pool"
 POOL_OFF = {"CA_POOL": "0"}
 
 import models  # noqa: E402
-from alone import Alone, Here, rounds, torch_threads  # noqa: E402
+from alone import PACE, Alone, Here, pace_line, pace_summary, rounds, torch_threads  # noqa: E402
 from models import SIZES, count_nodes, model, wrap  # noqa: E402
 
 RUNNER = "step:case_runner"    # (alone.py makes each mode's runner by this name)
@@ -115,11 +119,12 @@ def measure_case(case, reps, modes, here=False):
                    for m in modes}
         if not fresh and "c" in modes:   # the caching allocator off
             runners[NO_POOL] = Alone(RUNNER, "c", case, fresh, env=POOL_OFF)
-        times = {m: [(f, b, faults) for (f, b), faults in got]
-                 for m, got in rounds(runners, reps).items()}
+        got = rounds(runners, reps)
+        times = {m: [(f, b, faults) for (f, b), faults in got[m]] for m in runners}
         for r in runners.values():
             r.close()
         kind = "fresh" if fresh else "reused"
+        out[f"{kind}:{PACE}"] = pace_summary(got[PACE], reps)
         for m, step in runners.items():
             fw = statistics.median(t[0] for t in times[m])
             bw = statistics.median(t[1] for t in times[m])
@@ -167,10 +172,11 @@ def measure_optimizers(case, reps, modes):
     out = {}
     for name, options in OPTIMIZERS:
         runners = {m: Alone("step:optimizer_runner", m, case, name, options) for m in modes}
-        times = {m: [t for t, _ in got] for m, got in rounds(runners, reps).items()}
+        got = rounds(runners, reps)
         for r in runners.values():
             r.close()
-        out[name] = {m: statistics.median(times[m]) for m in modes}
+        out[name] = {m: statistics.median(t for t, _ in got[m]) for m in modes}
+        out[name][PACE] = pace_summary(got[PACE], reps)
     return out
 
 
@@ -247,6 +253,9 @@ def report_optimizers(results, threads):
                       else f"{'-':>14}{'-':>16}")
             print(f"{case:<13}{name:<11}{cells}{ratios}"
                   f"{row['c inside'] / row['c+step']:>15.2f}")
+    for case, rows in results.items():
+        for name, row in rows.items():
+            print(f"{case} with {name}: {pace_line(row[PACE])}")
 
 
 def report(results, threads, eager_only=None):
@@ -302,6 +311,15 @@ def report(results, threads, eager_only=None):
             a = never[case]["reused:eager"]["forward"]
             b = after[case]["reused:eager"]["forward"]
             print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
+    print("machine pace: a fixed workload (alone.pace_runner) taking its turn beside the "
+          "modes; slow tenths or turns mark a disturbed spell")
+    print(f"{'case':<17}{'parameters':<12}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
+    for case, row in results.items():
+        for kind in ("reused", "fresh"):
+            p = row.get(f"{kind}:{PACE}")
+            if p:
+                print(f"{case:<17}{kind:<12}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
+                      f"{p['slowest turn']:>13.2f}x")
     for case, row in results.items():
         if "floor" in row:
             fl = row["floor"]

@@ -88,7 +88,8 @@ def main():
         for r in runners.values():
             r.close()
     rows = {}
-    for (cold, lib), steps in got.items():
+    for (cold, lib) in runners:
+        steps = got[(cold, lib)]
         fwd = statistics.median(s[0] for s, _ in steps)
         bwd = statistics.median(s[1] for s, _ in steps)
         step = statistics.median(s[0] + s[1] for s, _ in steps)
@@ -99,6 +100,7 @@ def main():
     for lib in ("torch", "ca c"):
         print(f"{lib}: cold step - warm step = "
               f"{(rows[(True, lib)] - rows[(False, lib)]) * 1e6:.0f} us")
+    print(alone.pace_line(alone.pace_summary(got[alone.PACE], args.reps)))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 its own: a runner's child makes its step from a factory named "module:function",
 runs the blocks asked for and reports each step's value and page faults; ``Here``
 is the same runner in this process; ``rounds`` makes the runners take turns,
-dropping the first step of each block."""
+dropping the first step of each block, the machine's pace taking its turn too."""
 import importlib.util
 import os
 import sys
@@ -68,6 +68,19 @@ def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
         counts = [value[2] for value, _ in got[name]]
         # warm-up 1-5; block 1 runs 6-10 and keeps 7-10; block 2 runs 11-15, keeps 12-15
         assert counts == [7, 8, 9, 10, 12, 13, 14, 15]
+    pace = got[alone.PACE]                  # the machine's pace took its turns beside them
+    assert len(pace) == 8 and all(seconds > 0 and faults >= 0 for seconds, faults in pace)
+    assert set(got) == {"x", "y", alone.PACE}
+
+
+def test_the_pace_summary_shows_a_slow_spell_as_its_slowest_turn(alone):
+    # 3 turns of 10 (reps >= 50): the second turn's steps at 1.5x the others'
+    got = [(1.0 if i // 10 != 1 else 1.5, 0) for i in range(30)]
+    summary = alone.pace_summary(got, 60)
+    assert summary == {"median": 1.0, "slowest tenth": 1.5, "slowest turn": 1.5}
+    quiet = alone.pace_summary([(1.0 + 0.01 * (i % 10), 0) for i in range(30)], 60)
+    assert quiet["slowest turn"] == pytest.approx(1.0) and quiet["slowest tenth"] < 1.1
+    assert alone.pace_line(summary).endswith("slowest tenth 1.50x, slowest turn 1.50x")
 
 
 def test_a_child_that_fails_ends_the_benchmark_with_its_code(alone):
