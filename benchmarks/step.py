@@ -17,6 +17,8 @@ gradients are dropped between steps (``p.grad = None``, untimed).
 - "reused": the parameters are made once (a training loop);
 - "fresh": new leaf tensors every step, from the same arrays (a numpy user who
   keeps the weights as arrays and wraps them each step); wrapping is not timed.
+  Both kinds' processes take turns in the same rounds, so that fresh against
+  reused is measured on one machine.
 
 At 1 thread more processes run only eager steps, half of them after a compiled
 backward (three of each, alternating; the median process): the forward in a
@@ -110,28 +112,28 @@ def case_runner(mode, case, fresh):
 
 
 def measure_case(case, reps, modes, here=False):
-    """Medians of forward, backward and step per mode and parameter kind, each mode
-    in a process of its own (``alone.Alone``; ``here``: in this one), taking turns
-    (``alone.rounds``)."""
-    out = {}
-    for fresh in (False, True) if len(modes) > 1 else (False,):
-        runners = {m: Here(RUNNER, m, case, fresh) if here else Alone(RUNNER, m, case, fresh)
-                   for m in modes}
-        if not fresh and "c" in modes:   # the caching allocator off
-            runners[NO_POOL] = Alone(RUNNER, "c", case, fresh, env=POOL_OFF)
+    """Medians of forward, backward and step per parameter kind and mode, each in a
+    process of its own (``alone.Alone``; ``here``: in this one), all taking turns
+    (``alone.rounds``): reused and fresh parameters in the same rounds, so that
+    their ratio sees one machine."""
+    kinds = ("reused", "fresh") if len(modes) > 1 else ("reused",)
+    runners = {f"{kind}:{m}": Here(RUNNER, m, case, kind == "fresh") if here
+               else Alone(RUNNER, m, case, kind == "fresh") for kind in kinds for m in modes}
+    if "c" in modes:   # the caching allocator off
+        runners[f"reused:{NO_POOL}"] = Alone(RUNNER, "c", case, False, env=POOL_OFF)
+    try:
         got = rounds(runners, reps)
-        times = {m: [(f, b, faults) for (f, b), faults in got[m]] for m in runners}
+    finally:
         for r in runners.values():
             r.close()
-        kind = "fresh" if fresh else "reused"
-        out[f"{kind}:{PACE}"] = pace_summary(got[PACE], reps)
-        for m, step in runners.items():
-            fw = statistics.median(t[0] for t in times[m])
-            bw = statistics.median(t[1] for t in times[m])
-            st = statistics.median(t[0] + t[1] for t in times[m])
-            out[f"{kind}:{m}"] = {"forward": fw, "backward": bw, "step": st,
-                                  "nodes": step.info,
-                                  "faults": statistics.median(t[2] for t in times[m])}
+    out = {PACE: pace_summary(got[PACE], reps)}
+    for name, runner in runners.items():
+        times = [(f, b, faults) for (f, b), faults in got[name]]
+        out[name] = {"forward": statistics.median(t[0] for t in times),
+                     "backward": statistics.median(t[1] for t in times),
+                     "step": statistics.median(t[0] + t[1] for t in times),
+                     "nodes": runner.info,
+                     "faults": statistics.median(t[2] for t in times)}
     if case == "large_mlp" and "c" in modes and "torch" in modes:
         out["floor"] = _step_floor(case, reps, case_runner("c", case, False)[0])
     return out
@@ -313,13 +315,11 @@ def report(results, threads, eager_only=None):
             print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
     print("machine pace: a fixed workload (alone.pace_runner) taking its turn beside the "
           "modes; slow tenths or turns mark a disturbed spell")
-    print(f"{'case':<17}{'parameters':<12}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
+    print(f"{'case':<17}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
     for case, row in results.items():
-        for kind in ("reused", "fresh"):
-            p = row.get(f"{kind}:{PACE}")
-            if p:
-                print(f"{case:<17}{kind:<12}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
-                      f"{p['slowest turn']:>13.2f}x")
+        p = row[PACE]
+        print(f"{case:<17}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
+              f"{p['slowest turn']:>13.2f}x")
     for case, row in results.items():
         if "floor" in row:
             fl = row["floor"]
