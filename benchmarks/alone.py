@@ -9,9 +9,9 @@ folder), called with JSON-able arguments in the child; it returns ``(step, info)
 ``step()`` runs one step and returns a JSON-able value (seconds, ...), ``info`` is
 sent back once. ``Alone(factory, *args)`` starts the child and, called with ``n``,
 has it run ``n`` steps in a row: ``[(what step gave, the minor page faults of that
-step)] * n``. ``Here`` is the same runner in this process. ``rounds`` makes them
-take turns, with one more runner among them: the machine's pace (``PACE``), a fixed
-workload whose times say whether the run was quiet (``pace_line``).
+step)] * n``. ``rounds`` makes them take turns, with one more runner among them:
+the machine's pace (``PACE``), a fixed workload whose times say whether the run
+was quiet (``pace_line``).
 
     python benchmarks/alone.py --serve SPEC      (the child; not run by hand)
 """
@@ -61,20 +61,6 @@ class Alone:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
-
-
-class Here:
-    """``Alone``'s runner in this process (where what is compared is this process's
-    own history)."""
-
-    def __init__(self, factory, *args):
-        self.step, self.info = _make(factory, args)
-
-    def __call__(self, n):
-        return block(self.step, n)
-
-    def close(self):
-        pass
 
 
 def serve(spec):

@@ -20,9 +20,10 @@ gradients are dropped between steps (``p.grad = None``, untimed).
   Both kinds' processes take turns in the same rounds, so that fresh against
   reused is measured on one machine.
 
-At 1 thread more processes run only eager steps, half of them after a compiled
-backward (three of each, alternating; the median process): the forward in a
-process that never used compiled autograd beside the forward after its first use.
+At 1 thread six more processes run only eager steps, three of them after a
+compiled backward, taking turns: the forward in a process that never used
+compiled autograd beside the forward after its first use (each kind's median
+process: processes differ by more than the forward does).
 
 With an optimizer (``--optimizer-cases``, default the small MLP and the
 transformer; SGD with momentum and Adam): the step is ``forward; backward; update``
@@ -72,7 +73,7 @@ NO_POOL = "c no pool"
 POOL_OFF = {"CA_POOL": "0"}
 
 import models  # noqa: E402
-from alone import PACE, Alone, Here, pace_line, pace_summary, rounds, torch_threads  # noqa: E402
+from alone import PACE, Alone, pace_line, pace_summary, rounds, torch_threads  # noqa: E402
 from models import SIZES, count_nodes, model, wrap  # noqa: E402
 
 RUNNER = "step:case_runner"    # (alone.py makes each mode's runner by this name)
@@ -80,8 +81,14 @@ RUNNER = "step:case_runner"    # (alone.py makes each mode's runner by this name
 
 # ---------------------------------------------------------------- measuring
 
-def case_runner(mode, case, fresh):
-    """(step(): (forward seconds, backward seconds), number of forward nodes)."""
+def case_runner(mode, case, fresh, after_use=False):
+    """(step(): (forward seconds, backward seconds), number of forward nodes);
+    ``after_use``: this process runs one compiled backward first."""
+    if after_use:
+        import compiled_autograd as ca
+        x = ca.tensor([1.0, 2.0], requires_grad=True)
+        with ca.compiled_backward(backend="c"):
+            (x * x).sum().backward()
     if mode == "torch":
         import torch as lib
         torch_threads(lib)
@@ -111,14 +118,13 @@ def case_runner(mode, case, fresh):
     return step, nodes
 
 
-def measure_case(case, reps, modes, here=False):
+def measure_case(case, reps, modes):
     """Medians of forward, backward and step per parameter kind and mode, each in a
-    process of its own (``alone.Alone``; ``here``: in this one), all taking turns
-    (``alone.rounds``): reused and fresh parameters in the same rounds, so that
-    their ratio sees one machine."""
-    kinds = ("reused", "fresh") if len(modes) > 1 else ("reused",)
-    runners = {f"{kind}:{m}": Here(RUNNER, m, case, kind == "fresh") if here
-               else Alone(RUNNER, m, case, kind == "fresh") for kind in kinds for m in modes}
+    process of its own (``alone.Alone``), all taking turns (``alone.rounds``):
+    reused and fresh parameters in the same rounds, so that their ratio sees one
+    machine."""
+    runners = {f"{kind}:{m}": Alone(RUNNER, m, case, kind == "fresh")
+               for kind in ("reused", "fresh") for m in modes}
     if "c" in modes:   # the caching allocator off
         runners[f"reused:{NO_POOL}"] = Alone(RUNNER, "c", case, False, env=POOL_OFF)
     try:
@@ -137,6 +143,23 @@ def measure_case(case, reps, modes, here=False):
     if case == "large_mlp" and "c" in modes and "torch" in modes:
         out["floor"] = _step_floor(case, reps, case_runner("c", case, False)[0])
     return out
+
+
+def measure_after_use(case, reps, processes=3):
+    """The eager forward's median in processes that never used compiled autograd
+    and in ones that ran a compiled backward first, ``processes`` of each, all
+    taking turns: {"never used": seconds, "after use": seconds}, each kind's
+    median process."""
+    runners = {(kind, i): Alone(RUNNER, "eager", case, False, kind == "after use")
+               for i in range(processes) for kind in ("never used", "after use")}
+    try:
+        got = rounds(runners, reps)
+    finally:
+        for r in runners.values():
+            r.close()
+    forward = {key: statistics.median(f for (f, _), _ in got[key]) for key in runners}
+    return {kind: statistics.median(forward[(kind, i)] for i in range(processes))
+            for kind in ("never used", "after use")}
 
 
 def optimizer_runner(mode, case, name, options):
@@ -213,26 +236,21 @@ def _step_floor(case, reps, step, rounds=3):
             "ratio": statistics.median(s / (b + f) for s, b, f in zip(steps, backs, fores))}
 
 
-def worker(reps, cases, eager_only=None, opt_cases=()):
+def worker(reps, cases, after_use=False, opt_cases=()):
     # (torch is imported in its own runners' processes only, not here: the large
-    # MLP's floor and the eager-only steps run in this one)
+    # MLP's floor runs in this one)
     modes = MODES if importlib.util.find_spec("torch") is not None else MODES[1:]
     if opt_cases:
         opt_modes = OPT_MODES if "torch" in modes else OPT_MODES[1:]
         return {case: measure_optimizers(
             case, max(5, reps // 10) if case in ("large_mlp", "transformer") else reps,
             opt_modes) for case in opt_cases}
-    if eager_only:      # only eager steps, after one compiled backward or none
-        modes = ("eager",)
-        if eager_only == "after-use":
-            import compiled_autograd as ca
-            x = ca.tensor([1.0, 2.0], requires_grad=True)
-            with ca.compiled_backward(backend="c"):
-                (x * x).sum().backward()
     results = {}
     for case in cases:
         n = max(5, reps // 10) if case in ("large_mlp", "transformer") else reps
-        results[case] = measure_case(case, n, modes, here=bool(eager_only))
+        results[case] = measure_case(case, n, modes)
+        if after_use:
+            results[case]["eager forward"] = measure_after_use(case, n)
     return results
 
 
@@ -260,7 +278,7 @@ def report_optimizers(results, threads):
             print(f"{case} with {name}: {pace_line(row[PACE])}")
 
 
-def report(results, threads, eager_only=None):
+def report(results, threads):
     print(f"\nthreads: {threads}")
     for kind in ("reused", "fresh"):
         print(f"parameters {kind}: step (forward + backward), medians")
@@ -304,14 +322,13 @@ def report(results, threads, eager_only=None):
         faults = [row.get(f"reused:{m}", {}).get("faults", "-") for m in MODES + (NO_POOL,)]
         print(f"{case:<17}" + "".join(f"{f:>11}" for f in faults) + f"{_fmt(c['step']):>11}"
               + f"{_fmt(k['step']):>17}{k['step'] / c['step']:>7.2f}")
-    if eager_only:
-        never, after = eager_only
+    if any("eager forward" in row for row in results.values()):
         print("eager steps only: the forward in processes that never used compiled "
-              "autograd, and in ones that ran a compiled backward first (median of 3 each)")
+              "autograd, and in ones that ran a compiled backward first (3 of each, "
+              "taking turns; each kind's median process)")
         print(f"{'case':<17}{'never used':>12}{'after use':>12}{'ratio':>7}")
-        for case in results:
-            a = never[case]["reused:eager"]["forward"]
-            b = after[case]["reused:eager"]["forward"]
+        for case, row in results.items():
+            a, b = row["eager forward"]["never used"], row["eager forward"]["after use"]
             print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
     print("machine pace: a fixed workload (alone.pace_runner) taking its turn beside the "
           "modes; slow tenths or turns mark a disturbed spell")
@@ -336,8 +353,7 @@ def main():
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--threads", default="1,default")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--eager-only", choices=["never-used", "after-use"],
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--after-use", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--optimizer-cases", default=",".join(OPT_CASES),
                         help="cases measured with an optimizer (empty: none)")
     parser.add_argument("--optimizers-only", action="store_true", help=argparse.SUPPRESS)
@@ -348,7 +364,7 @@ def main():
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
     if args.worker:
-        print(json.dumps(worker(args.reps, cases, args.eager_only,
+        print(json.dumps(worker(args.reps, cases, args.after_use,
                                 opt_cases if args.optimizers_only else ())))
         return
     try:
@@ -376,18 +392,7 @@ def main():
         if not cases:
             report_optimizers(opt_run, threads)
             continue
-        main_run, eager_only = run([]), None
-        if threads == "1":
-            # Processes differ by more than the forward does: three of each kind,
-            # alternating; each case's median process.
-            kinds = {"never-used": [], "after-use": []}
-            for _ in range(3):
-                for kind, got in kinds.items():
-                    got.append(run(["--eager-only", kind]))
-            eager_only = [{case: {"reused:eager": {"forward": statistics.median(
-                r[case]["reused:eager"]["forward"] for r in got)}} for case in cases}
-                for got in kinds.values()]
-        report(main_run, threads, eager_only)
+        report(run(["--after-use"] if threads == "1" else []), threads)
         if opt_cases:
             report_optimizers(opt_run, threads)
 

@@ -1,7 +1,7 @@
 """benchmarks/alone.py, how step.py and backward.py run each library in a process of
 its own: a runner's child makes its step from a factory named "module:function",
-runs the blocks asked for and reports each step's value and page faults; ``Here``
-is the same runner in this process; ``rounds`` makes the runners take turns,
+runs the blocks asked for and reports each step's value and page faults;
+``rounds`` makes the runners take turns,
 dropping the first step of each block, the machine's pace taking its turn too."""
 import importlib.util
 import os
@@ -52,18 +52,14 @@ def test_a_runner_alone_runs_its_steps_in_its_own_process(alone):
     assert runner.proc.returncode == 0
 
 
-def test_here_is_the_same_runner_in_this_process(alone):
-    runner = alone.Here("alone_factory:make", "h")
-    got = runner(2)
-    assert runner.info["pid"] == os.getpid()
-    assert [(value[0], value[1], value[2]) for value, _ in got] == \
-        [("h", os.getpid(), 1), ("h", os.getpid(), 2)]
-
-
 def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
-    runners = {"x": alone.Here("alone_factory:make", "x"),
-               "y": alone.Here("alone_factory:make", "y")}
-    got = alone.rounds(runners, 8)          # blocks of 4 (+1 dropped) after 5 warm-ups
+    runners = {"x": alone.Alone("alone_factory:make", "x"),
+               "y": alone.Alone("alone_factory:make", "y")}
+    try:
+        got = alone.rounds(runners, 8)      # blocks of 4 (+1 dropped) after 5 warm-ups
+    finally:
+        for runner in runners.values():
+            runner.close()
     for name in ("x", "y"):
         counts = [value[2] for value, _ in got[name]]
         # warm-up 1-5; block 1 runs 6-10 and keeps 7-10; block 2 runs 11-15, keeps 12-15
