@@ -94,7 +94,7 @@ def rounds(runners, reps):
     kept), after 5 warm-up steps each. The machine's pace takes its turn too, in a
     process of its own: its times are under ``PACE``."""
     size = turn_size(reps)
-    pace = Alone(PACE_RUNNER)
+    pace = Alone(PACE_RUNNER, env=PACE_ENV)
     try:
         runners = {**runners, PACE: pace}
         for r in runners.values():
@@ -112,14 +112,20 @@ def rounds(runners, reps):
 
 PACE = "machine pace"
 PACE_RUNNER = "alone:pace_runner"
+# one BLAS thread whatever the runners' (and the caller's) count, so that the pace is
+# the same workload in every script and section, and leaves no BLAS thread spinning
+# into the next runner's turn
+PACE_ENV = dict(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
 def pace_runner():
-    """A fixed workload, the same in every run: four 128 x 128 float64 GEMMs, a 4 MB
-    copy and 2,000 turns of a Python loop (BLAS, memory and the interpreter, what a
-    step is made of), taking its turn beside the runners. On a quiet machine its
-    times barely move over a run; a spell in which a neighbour takes the cores or
-    the memory shows as turns of it that are slow."""
+    """A fixed workload, the same in every run: four 128 x 128 float64 GEMMs (one
+    BLAS thread, ``PACE_ENV``), a 4 MB copy and 2,000 turns of a Python loop (BLAS,
+    memory and the interpreter, what a step is made of), taking its turn beside the
+    runners, once a round. On a quiet machine its times barely move over a run; a
+    spell in which a neighbour takes the cores or the memory shows as turns of it
+    that are slow, if the spell covers one of its turns: it samples the machine
+    between the runners' turns, not during them."""
     import numpy as np
     rng = np.random.default_rng(0)
     a, b = rng.random((128, 128)), rng.random((128, 128))

@@ -20,7 +20,7 @@ gradients are dropped between steps (``p.grad = None``, untimed).
   Both kinds' processes take turns in the same rounds, so that fresh against
   reused is measured on one machine.
 
-At 1 thread six more processes run only eager steps, three of them after a
+At 1 thread ten more processes run only eager steps, five of them after a
 compiled backward, taking turns: the forward in a process that never used
 compiled autograd beside the forward after its first use (each kind's median
 process: processes differ by more than the forward does).
@@ -35,9 +35,11 @@ Each mode's minor page faults per step are reported too, with one more process
 beside them: "c no pool", the "c" mode with compiled autograd's caching allocator
 off (``CA_POOL=0``, runtime/pool.c): what the pool saves, in faults and time.
 
-Beside the modes, a fixed workload takes its turn too (``alone.pace_runner``): its
-median and its slowest tenth and turn, against its median, say whether the
-machine was quiet while a case was measured.
+Beside the modes, a fixed workload takes its turn too, once a round
+(``alone.pace_runner``): its median and its slowest tenth and turn, against its
+median, mark a disturbed spell that covered one of its turns. Its turns are a
+small part of a round (for the large MLP and the transformer, a few ms in rounds
+of seconds): a quiet pace does not rule out a spell between them.
 
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
@@ -145,11 +147,11 @@ def measure_case(case, reps, modes):
     return out
 
 
-def measure_after_use(case, reps, processes=3):
+def measure_after_use(case, reps, processes=5):
     """The eager forward's median in processes that never used compiled autograd
     and in ones that ran a compiled backward first, ``processes`` of each, all
-    taking turns: {"never used": seconds, "after use": seconds}, each kind's
-    median process."""
+    taking turns: {"never used": seconds, "after use": seconds, PACE: the machine's
+    pace in these rounds}, each kind's median process."""
     runners = {(kind, i): Alone(RUNNER, "eager", case, False, kind == "after use")
                for i in range(processes) for kind in ("never used", "after use")}
     try:
@@ -158,8 +160,10 @@ def measure_after_use(case, reps, processes=3):
         for r in runners.values():
             r.close()
     forward = {key: statistics.median(f for (f, _), _ in got[key]) for key in runners}
-    return {kind: statistics.median(forward[(kind, i)] for i in range(processes))
-            for kind in ("never used", "after use")}
+    out = {kind: statistics.median(forward[(kind, i)] for i in range(processes))
+           for kind in ("never used", "after use")}
+    out[PACE] = pace_summary(got[PACE], reps)
+    return out
 
 
 def optimizer_runner(mode, case, name, options):
@@ -324,19 +328,22 @@ def report(results, threads):
               + f"{_fmt(k['step']):>17}{k['step'] / c['step']:>7.2f}")
     if any("eager forward" in row for row in results.values()):
         print("eager steps only: the forward in processes that never used compiled "
-              "autograd, and in ones that ran a compiled backward first (3 of each, "
+              "autograd, and in ones that ran a compiled backward first (5 of each, "
               "taking turns; each kind's median process)")
         print(f"{'case':<17}{'never used':>12}{'after use':>12}{'ratio':>7}")
         for case, row in results.items():
             a, b = row["eager forward"]["never used"], row["eager forward"]["after use"]
             print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
     print("machine pace: a fixed workload (alone.pace_runner) taking its turn beside the "
-          "modes; slow tenths or turns mark a disturbed spell")
-    print(f"{'case':<17}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
+          "modes, once a round; slow tenths or turns mark a disturbed spell")
+    print(f"{'case':<30}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
     for case, row in results.items():
-        p = row[PACE]
-        print(f"{case:<17}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
-              f"{p['slowest turn']:>13.2f}x")
+        paces = [(case, row[PACE])]
+        if "eager forward" in row:
+            paces.append((f"{case} (after use)", row["eager forward"][PACE]))
+        for label, p in paces:
+            print(f"{label:<30}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
+                  f"{p['slowest turn']:>13.2f}x")
     for case, row in results.items():
         if "floor" in row:
             fl = row["floor"]

@@ -69,6 +69,18 @@ def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
     assert set(got) == {"x", "y", alone.PACE}
 
 
+def test_the_pace_runs_at_one_blas_thread_whatever_the_callers(alone, monkeypatch):
+    made, real = [], alone.Alone
+
+    def spy(factory, *args, **kwargs):
+        made.append((factory, kwargs.get("env")))
+        return real(factory, *args, **kwargs)
+    monkeypatch.setattr(alone, "Alone", spy)
+    got = alone.rounds({}, 4)
+    assert made == [(alone.PACE_RUNNER, alone.PACE_ENV)]
+    assert alone.PACE_ENV["OPENBLAS_NUM_THREADS"] == "1" and len(got[alone.PACE]) == 4
+
+
 def test_the_pace_summary_shows_a_slow_spell_as_its_slowest_turn(alone):
     # 3 turns of 10 (reps >= 50): the second turn's steps at 1.5x the others'
     got = [(1.0 if i // 10 != 1 else 1.5, 0) for i in range(30)]
