@@ -55,7 +55,7 @@ def main():
             base = f"{s / med['baseline c'][2]:.3f}" if m != "torch" else "-"
             print(f"{case:<18}{m:<12}{f * 1e3:>8.2f}ms{b * 1e3:>8.2f}ms{s * 1e3:>8.2f}ms"
                   f"{s / med['torch'][2]:>8.3f}{base:>10}")
-        print(f"{case:<18}{pace_line(pace_summary(got[PACE], args.reps))}")
+        print(f"{case:<18}{pace_line(pace_summary(got))}")
 
 
 if __name__ == "__main__":

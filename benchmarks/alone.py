@@ -91,18 +91,20 @@ def rounds(runners, reps):
     """{name: [(what its runner gives, faults)] * about ``reps``}: the runners take
     turns, each running a block of steps in a row, as in a training loop
     (``turn_size``; the first step of each block, after the others' turns, is not
-    kept), after 5 warm-up steps each. The machine's pace takes its turn too, in a
-    process of its own: its times are under ``PACE``."""
+    kept), after 5 warm-up steps each. After each runner's turn, the machine's
+    pace takes a short one (``PACE_STEPS`` kept), in a process of its own: its
+    times are under ``PACE``, ``len(runners) * PACE_STEPS`` a round."""
     size = turn_size(reps)
     pace = Alone(PACE_RUNNER, env=PACE_ENV)
     try:
-        runners = {**runners, PACE: pace}
+        pace(5)
         for r in runners.values():
             r(5)
-        got = {m: [] for m in runners}
+        got = {m: [] for m in [*runners, PACE]}
         for _ in range(-(-reps // size)):
             for m, r in runners.items():
                 got[m] += r(size + 1)[1:]
+                got[PACE] += pace(PACE_STEPS + 1)[1:]
     finally:
         pace.close()
     return got
@@ -112,6 +114,7 @@ def rounds(runners, reps):
 
 PACE = "machine pace"
 PACE_RUNNER = "alone:pace_runner"
+PACE_STEPS = 2      # kept steps of the pace after each runner's turn
 # one BLAS thread whatever the runners' (and the caller's) count, so that the pace is
 # the same workload in every script and section, and leaves no BLAS thread spinning
 # into the next runner's turn
@@ -121,11 +124,11 @@ PACE_ENV = dict(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="
 def pace_runner():
     """A fixed workload, the same in every run: four 128 x 128 float64 GEMMs (one
     BLAS thread, ``PACE_ENV``), a 4 MB copy and 2,000 turns of a Python loop (BLAS,
-    memory and the interpreter, what a step is made of), taking its turn beside the
-    runners, once a round. On a quiet machine its times barely move over a run; a
-    spell in which a neighbour takes the cores or the memory shows as turns of it
-    that are slow, if the spell covers one of its turns: it samples the machine
-    between the runners' turns, not during them."""
+    memory and the interpreter, what a step is made of), run for a moment after
+    each runner's turn. On a quiet machine its times barely move over a run; a
+    spell in which a neighbour takes the cores or the memory shows as rounds in
+    which it is slow. It samples the machine between the runners' turns, not
+    during them: a spell shorter than a turn can pass unseen."""
     import numpy as np
     rng = np.random.default_rng(0)
     a, b = rng.random((128, 128)), rng.random((128, 128))
@@ -144,23 +147,24 @@ def pace_runner():
     return step, None
 
 
-def pace_summary(got, reps):
-    """What ``rounds`` measured of the machine's pace (``got``: its ``PACE`` list):
-    {"median": seconds, "slowest tenth": the 90th percentile / the median,
-    "slowest turn": the slowest turn's median / the median}."""
-    times = sorted(t for t, _ in got)
+def pace_summary(got):
+    """What ``rounds`` measured of the machine's pace (``got``: what ``rounds``
+    gave): {"median": seconds, "slowest tenth": the 90th percentile / the median,
+    "slowest round": the slowest round's median / the median}."""
+    pace = [t for t, _ in got[PACE]]
+    times = sorted(pace)
     median = statistics.median(times)
-    size = turn_size(reps)
-    turns = [statistics.median(t for t, _ in got[i:i + size]) for i in range(0, len(got), size)]
+    per_round = (len(got) - 1) * PACE_STEPS
+    by_round = [statistics.median(pace[i:i + per_round]) for i in range(0, len(pace), per_round)]
     return {"median": median, "slowest tenth": times[int(0.9 * (len(times) - 1))] / median,
-            "slowest turn": max(turns) / median}
+            "slowest round": max(by_round) / median}
 
 
 def pace_line(summary):
     """One line for a report: the machine's pace during a measurement."""
-    return (f"machine pace (alone.pace_runner, between turns): median "
+    return (f"machine pace (alone.pace_runner, after each turn): median "
             f"{summary['median'] * 1e6:.0f}us, slowest tenth {summary['slowest tenth']:.2f}x, "
-            f"slowest turn {summary['slowest turn']:.2f}x")
+            f"slowest round {summary['slowest round']:.2f}x")
 
 
 def torch_threads(torch):

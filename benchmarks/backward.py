@@ -147,7 +147,7 @@ def measure(reps):
         for r in runners.values():
             r.close()
         row = {m: statistics.median(t for t, _ in got[m]) for m in modes}
-        row[PACE] = pace_summary(got[PACE], n)
+        row[PACE] = pace_summary(got)
         make_loss, params = _ca_setup(case)
         ca.reset_compiled_autograd()
         loss = make_loss()

@@ -35,11 +35,11 @@ Each mode's minor page faults per step are reported too, with one more process
 beside them: "c no pool", the "c" mode with compiled autograd's caching allocator
 off (``CA_POOL=0``, runtime/pool.c): what the pool saves, in faults and time.
 
-Beside the modes, a fixed workload takes its turn too, once a round
-(``alone.pace_runner``): its median and its slowest tenth and turn, against its
-median, mark a disturbed spell that covered one of its turns. Its turns are a
-small part of a round (for the large MLP and the transformer, a few ms in rounds
-of seconds): a quiet pace does not rule out a spell between them.
+After each mode's turn a fixed workload runs for a moment (``alone.pace_runner``,
+about 1.5 ms): its median, and its slowest tenth and round against its median,
+mark a disturbed spell. It samples the machine between turns, not during them: a
+spell shorter than a turn (up to a quarter of a second for the transformer) can
+pass unseen.
 
 The forward is reported alone too, with its cost per op (forward time / autograd
 nodes, AccumulateGrad excluded), and the compiled "c" backward alone with reused
@@ -134,7 +134,7 @@ def measure_case(case, reps, modes):
     finally:
         for r in runners.values():
             r.close()
-    out = {PACE: pace_summary(got[PACE], reps)}
+    out = {PACE: pace_summary(got)}
     for name, runner in runners.items():
         times = [(f, b, faults) for (f, b), faults in got[name]]
         out[name] = {"forward": statistics.median(t[0] for t in times),
@@ -162,7 +162,7 @@ def measure_after_use(case, reps, processes=5):
     forward = {key: statistics.median(f for (f, _), _ in got[key]) for key in runners}
     out = {kind: statistics.median(forward[(kind, i)] for i in range(processes))
            for kind in ("never used", "after use")}
-    out[PACE] = pace_summary(got[PACE], reps)
+    out[PACE] = pace_summary(got)
     return out
 
 
@@ -205,7 +205,7 @@ def measure_optimizers(case, reps, modes):
         for r in runners.values():
             r.close()
         out[name] = {m: statistics.median(t for t, _ in got[m]) for m in modes}
-        out[name][PACE] = pace_summary(got[PACE], reps)
+        out[name][PACE] = pace_summary(got)
     return out
 
 
@@ -334,16 +334,16 @@ def report(results, threads):
         for case, row in results.items():
             a, b = row["eager forward"]["never used"], row["eager forward"]["after use"]
             print(f"{case:<17}{_fmt(a):>12}{_fmt(b):>12}{b / a:>7.2f}")
-    print("machine pace: a fixed workload (alone.pace_runner) taking its turn beside the "
-          "modes, once a round; slow tenths or turns mark a disturbed spell")
-    print(f"{'case':<30}{'median':>9}{'slowest tenth':>15}{'slowest turn':>14}")
+    print("machine pace: a fixed workload (alone.pace_runner) run after each "
+          "mode's turn; slow tenths or rounds mark a disturbed spell")
+    print(f"{'case':<30}{'median':>9}{'slowest tenth':>15}{'slowest round':>15}")
     for case, row in results.items():
         paces = [(case, row[PACE])]
         if "eager forward" in row:
             paces.append((f"{case} (after use)", row["eager forward"][PACE]))
         for label, p in paces:
             print(f"{label:<30}{_fmt(p['median']):>9}{p['slowest tenth']:>14.2f}x"
-                  f"{p['slowest turn']:>13.2f}x")
+                  f"{p['slowest round']:>14.2f}x")
     for case, row in results.items():
         if "floor" in row:
             fl = row["floor"]

@@ -100,7 +100,7 @@ def main():
     for lib in ("torch", "ca c"):
         print(f"{lib}: cold step - warm step = "
               f"{(rows[(True, lib)] - rows[(False, lib)]) * 1e6:.0f} us")
-    print(alone.pace_line(alone.pace_summary(got[alone.PACE], args.reps)))
+    print(alone.pace_line(alone.pace_summary(got)))
 
 
 if __name__ == "__main__":

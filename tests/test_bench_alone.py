@@ -64,8 +64,9 @@ def test_rounds_take_turns_by_blocks_and_drop_each_blocks_first_step(alone):
         counts = [value[2] for value, _ in got[name]]
         # warm-up 1-5; block 1 runs 6-10 and keeps 7-10; block 2 runs 11-15, keeps 12-15
         assert counts == [7, 8, 9, 10, 12, 13, 14, 15]
-    pace = got[alone.PACE]                  # the machine's pace took its turns beside them
-    assert len(pace) == 8 and all(seconds > 0 and faults >= 0 for seconds, faults in pace)
+    pace = got[alone.PACE]                  # the machine's pace, after each runner's turn
+    assert len(pace) == 2 * 2 * alone.PACE_STEPS
+    assert all(seconds > 0 and faults >= 0 for seconds, faults in pace)
     assert set(got) == {"x", "y", alone.PACE}
 
 
@@ -76,19 +77,27 @@ def test_the_pace_runs_at_one_blas_thread_whatever_the_callers(alone, monkeypatc
         made.append((factory, kwargs.get("env")))
         return real(factory, *args, **kwargs)
     monkeypatch.setattr(alone, "Alone", spy)
-    got = alone.rounds({}, 4)
+    runner = real("alone_factory:make", "x")
+    try:
+        got = alone.rounds({"x": runner}, 4)
+    finally:
+        runner.close()
     assert made == [(alone.PACE_RUNNER, alone.PACE_ENV)]
-    assert alone.PACE_ENV["OPENBLAS_NUM_THREADS"] == "1" and len(got[alone.PACE]) == 4
+    assert alone.PACE_ENV["OPENBLAS_NUM_THREADS"] == "1"
+    assert len(got[alone.PACE]) == alone.PACE_STEPS
 
 
-def test_the_pace_summary_shows_a_slow_spell_as_its_slowest_turn(alone):
-    # 3 turns of 10 (reps >= 50): the second turn's steps at 1.5x the others'
-    got = [(1.0 if i // 10 != 1 else 1.5, 0) for i in range(30)]
-    summary = alone.pace_summary(got, 60)
-    assert summary == {"median": 1.0, "slowest tenth": 1.5, "slowest turn": 1.5}
-    quiet = alone.pace_summary([(1.0 + 0.01 * (i % 10), 0) for i in range(30)], 60)
-    assert quiet["slowest turn"] == pytest.approx(1.0) and quiet["slowest tenth"] < 1.1
-    assert alone.pace_line(summary).endswith("slowest tenth 1.50x, slowest turn 1.50x")
+def test_the_pace_summary_shows_a_slow_spell_as_its_slowest_round(alone):
+    # two runners: 2 * PACE_STEPS pace readings a round; 5 rounds, the second slow
+    per_round = 2 * alone.PACE_STEPS
+    pace = [(1.0 if i // per_round != 1 else 1.5, 0) for i in range(5 * per_round)]
+    summary = alone.pace_summary({"x": [], "y": [], alone.PACE: pace})
+    assert summary == {"median": 1.0, "slowest tenth": 1.5, "slowest round": 1.5}
+    quiet = alone.pace_summary({"x": [], "y": [], alone.PACE: [
+        (1.0 + 0.01 * (i % per_round), 0) for i in range(5 * per_round)]})
+    assert quiet["slowest round"] == pytest.approx(1.0, abs=0.01)
+    assert quiet["slowest tenth"] < 1.1
+    assert alone.pace_line(summary).endswith("slowest tenth 1.50x, slowest round 1.50x")
 
 
 def test_a_child_that_fails_ends_the_benchmark_with_its_code(alone):
