@@ -9,9 +9,9 @@ folder), called with JSON-able arguments in the child; it returns ``(step, info)
 ``step()`` runs one step and returns a JSON-able value (seconds, ...), ``info`` is
 sent back once. ``Alone(factory, *args)`` starts the child and, called with ``n``,
 has it run ``n`` steps in a row: ``[(what step gave, the minor page faults of that
-step)] * n``. ``rounds`` makes them take turns, with one more runner among them:
-the machine's pace (``PACE``), a fixed workload whose times say whether the run
-was quiet (``pace_line``).
+step)] * n``. ``rounds`` makes them take turns; after each turn it times a fixed
+workload for a moment, the machine's pace (``PACE``), whose times show how steady
+the machine was (``pace_summary``, ``pace_line``).
 
     python benchmarks/alone.py --serve SPEC      (the child; not run by hand)
 """
