@@ -82,19 +82,14 @@ def block(step, n):
     return out
 
 
-def turn_size(reps):
-    """How many kept steps each runner runs per turn in ``rounds``."""
-    return 10 if reps >= 50 else 4
-
-
 def rounds(runners, reps):
     """{name: [(what its runner gives, faults)] * about ``reps``}: the runners take
     turns, each running a block of steps in a row, as in a training loop
-    (``turn_size``; the first step of each block, after the others' turns, is not
-    kept), after 5 warm-up steps each. After each runner's turn, the machine's
-    pace takes a short one (``PACE_STEPS`` kept), in a process of its own: its
-    times are under ``PACE``, ``len(runners) * PACE_STEPS`` a round."""
-    size = turn_size(reps)
+    (10, or 4 when ``reps`` < 50; the first step of each block, after the others'
+    turns, is not kept), after 5 warm-up steps each. After each runner's turn,
+    the machine's pace takes a short one (``PACE_STEPS`` kept), in a process of
+    its own: its times are under ``PACE``, ``len(runners) * PACE_STEPS`` a round."""
+    size = 10 if reps >= 50 else 4
     pace = Alone(PACE_RUNNER, env=PACE_ENV)
     try:
         pace(5)
